@@ -1,0 +1,37 @@
+"""The course dataset and models: deterministic, tiny, and the pitfall variants behave as taught."""
+import torch
+
+from course_lib.data import N_CLASSES, N_FEATURES, make_dataset
+from course_lib.models import make_model, make_model_with_batchnorm, make_model_with_unused_branch
+
+
+def test_dataset_is_deterministic_and_shaped():
+    first, again, other = make_dataset(64, seed=1), make_dataset(64, seed=1), make_dataset(64, seed=2)
+    X, y = first.tensors
+    assert X.shape == (64, N_FEATURES) and y.shape == (64,)
+    assert y.min() >= 0 and y.max() < N_CLASSES
+    assert torch.equal(X, again.tensors[0]) and torch.equal(y, again.tensors[1])
+    assert not torch.equal(X, other.tensors[0])
+    assert make_dataset(8, dtype=torch.float64).tensors[0].dtype == torch.float64
+
+
+def test_models_are_seeded_and_leave_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(1)
+    torch.manual_seed(123)
+    first, again = make_model(seed=3), make_model(seed=3)
+    assert torch.equal(torch.rand(1), expected)
+    for a, b in zip(first.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+    X = make_dataset(5).tensors[0]
+    assert first(X).shape == (5, N_CLASSES)
+
+
+def test_pitfall_models():
+    X = make_dataset(6).tensors[0]
+    unused = make_model_with_unused_branch()
+    unused(X).sum().backward()
+    assert unused.unused_head.weight.grad is None  # the branch DDP would wait for
+    with_batchnorm = make_model_with_batchnorm()
+    assert any(isinstance(m, torch.nn.BatchNorm1d) for m in with_batchnorm.modules())
+    assert with_batchnorm(X).shape == (6, N_CLASSES)
