@@ -1,0 +1,95 @@
+"""Reference collectives built from point-to-point sends: the naive all-reduce through rank 0,
+then the ring all-reduce (reduce-scatter, then all-gather) that NCCL and gloo use for big tensors.
+
+Run them inside a rank (under course_lib.launch or torchrun). The byte counter that grades the
+ring exercise lives in course_lib.traffic, the alpha-beta cost model in course_lib.cost_model;
+both are re-exported here so a lesson needs one import:
+
+    from course_lib.collectives import ring_all_reduce, count_traffic, ring_all_reduce_time
+"""
+import torch
+import torch.distributed as dist
+
+from .cost_model import (algorithm_bandwidth, bus_bandwidth, fit_alpha_beta, measure_all_reduce,
+                         naive_all_reduce_time, ring_all_reduce_time, tree_all_reduce_time)
+from .traffic import Traffic, count_traffic
+
+__all__ = ["naive_all_reduce", "ring_all_reduce", "ring_chunks",
+           "count_traffic", "Traffic", "ring_all_reduce_time", "naive_all_reduce_time",
+           "tree_all_reduce_time", "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth",
+           "measure_all_reduce"]
+
+
+def naive_all_reduce(tensor):
+    """Sum `tensor` over all ranks, in place: every rank sends to rank 0, which sends back the sum.
+
+    Correct, but rank 0 receives and sends (world_size - 1) whole tensors: its link is the
+    bottleneck, and the time grows with the number of ranks.
+    """
+    _check_contiguous(tensor, "naive_all_reduce")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        dist.send(tensor, dst=0)
+        dist.recv(tensor, src=0)
+        return tensor
+    received = torch.empty_like(tensor)
+    for source in range(1, world_size):
+        dist.recv(received, src=source)
+        tensor += received
+    for destination in range(1, world_size):
+        dist.send(tensor, dst=destination)
+    return tensor
+
+
+def ring_chunks(tensor, world_size):
+    """The tensor's elements cut into world_size views of sizes that differ by at most one."""
+    return list(tensor.view(-1).tensor_split(world_size))
+
+
+def ring_all_reduce(tensor):
+    """Sum `tensor` over all ranks, in place, passing chunks around a ring of ranks.
+
+    The flat tensor is cut into world_size chunks. Every step, each rank sends one chunk to its
+    right neighbour while receiving one from its left neighbour:
+      1. reduce-scatter, world_size - 1 steps: add the received chunk to our own copy of it;
+         afterwards rank r holds the full sum of chunk (r + 1) % world_size;
+      2. all-gather, world_size - 1 steps: pass the summed chunks on, overwriting our copy.
+    Each rank sends 2 (world_size - 1) / world_size times the tensor's bytes, whatever the
+    number of ranks: that is why the ring wins for large tensors.
+    """
+    _check_contiguous(tensor, "ring_all_reduce")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    chunks = ring_chunks(tensor, world_size)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    received = torch.empty_like(chunks[0])  # tensor_split puts the larger chunks first
+
+    for step in range(world_size - 1):  # reduce-scatter
+        send_index, receive_index = (rank - step) % world_size, (rank - step - 1) % world_size
+        incoming = received[:chunks[receive_index].numel()]
+        _send_right_receive_left(chunks[send_index], right, incoming, left)
+        chunks[receive_index] += incoming
+
+    for step in range(world_size - 1):  # all-gather
+        send_index, receive_index = (rank - step + 1) % world_size, (rank - step) % world_size
+        _send_right_receive_left(chunks[send_index], right, chunks[receive_index], left)
+    return tensor
+
+
+def _send_right_receive_left(outgoing, right, incoming, left):
+    # Post both before waiting: if every rank made a blocking send first, each would wait for
+    # its neighbour to receive, and the ring would deadlock. An empty chunk (a tensor with fewer
+    # elements than ranks) is neither sent nor received: sender and receiver agree, because
+    # they handle the same chunk index in the same step.
+    requests = []
+    if outgoing.numel() > 0:
+        requests.append(dist.isend(outgoing, dst=right))
+    if incoming.numel() > 0:
+        requests.append(dist.irecv(incoming, src=left))
+    for request in requests:
+        request.wait()
+
+
+def _check_contiguous(tensor, name):
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} works on the tensor's memory in place, but this tensor is "
+                         "not contiguous; call it on tensor.contiguous() and copy the result back")

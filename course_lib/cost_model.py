@@ -1,0 +1,121 @@
+"""The alpha-beta cost model of communication: a message of n bytes takes alpha + n * beta
+seconds (alpha: latency, beta: seconds per byte); measuring, fitting, and bus bandwidth.
+
+    ring all-reduce:   2 (N - 1) alpha + 2 (N - 1) / N * n * beta
+    naive all-reduce:  2 (N - 1) (alpha + n * beta)       (all through rank 0's link)
+    tree all-reduce:   2 ceil(log2 N) (alpha + n * beta)   (reduce up a binary tree, broadcast down)
+
+Bus bandwidth follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md): the
+algorithm bandwidth n / t times 2 (N - 1) / N, the fraction of the data each rank must move in
+an all-reduce. It is comparable across world sizes and to the hardware's link speed.
+"""
+import math
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["ring_all_reduce_time", "naive_all_reduce_time", "tree_all_reduce_time",
+           "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth", "measure_all_reduce"]
+
+
+def ring_all_reduce_time(nbytes, world_size, alpha, beta):
+    """Seconds for a ring all-reduce of `nbytes` over `world_size` ranks."""
+    return 2 * (world_size - 1) * alpha + _ring_fraction(world_size) * nbytes * beta
+
+
+def naive_all_reduce_time(nbytes, world_size, alpha, beta):
+    """Seconds when every rank sends its tensor to rank 0 and rank 0 sends the sum back."""
+    return 2 * (world_size - 1) * (alpha + nbytes * beta)
+
+
+def tree_all_reduce_time(nbytes, world_size, alpha, beta):
+    """Seconds to reduce whole tensors up a binary tree, then broadcast the sum back down."""
+    return 2 * math.ceil(math.log2(world_size)) * (alpha + nbytes * beta)
+
+
+def _ring_fraction(world_size):
+    return 2 * (world_size - 1) / world_size
+
+
+def algorithm_bandwidth(nbytes, seconds):
+    """Bytes per second as the user sees it: the tensor's size over the time."""
+    return nbytes / seconds
+
+
+def bus_bandwidth(nbytes, seconds, world_size):
+    """nccl-tests' bus bandwidth of an all-reduce: algorithm bandwidth * 2 (N - 1) / N."""
+    return algorithm_bandwidth(nbytes, seconds) * _ring_fraction(world_size)
+
+
+def fit_alpha_beta(sizes_bytes, seconds, world_size=None):
+    """Fit alpha (seconds) and beta (seconds per byte) to measured times; returns (alpha, beta).
+
+    Without world_size the times are of single messages, t = alpha + n * beta. With it they are
+    ring all-reduce times (what measure_all_reduce returns), and the ring model is inverted.
+    The fit minimises relative errors, because times span decades from latency-bound small
+    messages to bandwidth-bound large ones, and plain least squares would ignore the small ones.
+    """
+    sizes = np.asarray(sizes_bytes, dtype=np.float64)
+    times = np.asarray(seconds, dtype=np.float64)
+    if sizes.shape != times.shape or sizes.ndim != 1:
+        raise ValueError(f"got {sizes.size} sizes and {times.size} times; pass one time per size")
+    if len(np.unique(sizes)) < 2:
+        raise ValueError("fitting alpha and beta needs at least two different message sizes")
+    if np.any(times <= 0):
+        raise ValueError("every time must be positive; check the measurement (units: seconds)")
+    scale = sizes.max()  # sizes near 1e9 next to ones of 1: scale so the columns are alike
+    design = np.stack([np.ones_like(sizes), sizes / scale], axis=1) / times[:, None]
+    (intercept, slope), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    alpha, beta = float(intercept), float(slope / scale)
+    if world_size is None:
+        return alpha, beta
+    if world_size < 2:
+        raise ValueError("an all-reduce on 1 rank sends nothing; fit times from world_size >= 2")
+    return alpha / (2 * (world_size - 1)), beta / _ring_fraction(world_size)
+
+
+def measure_all_reduce(sizes_bytes, repeats=20, warmup=5, dtype=torch.float32, device=None):
+    """Time dist.all_reduce inside a rank; returns [(nbytes, seconds), ...], equal on all ranks.
+
+    Call it on every rank with the same arguments. Each repeat starts with all ranks lined up
+    by a small all-reduce, and on a GPU waits for the kernel (torch.cuda.synchronize) before
+    stopping the clock. A repeat's time is the slowest rank's; each size reports the median.
+    nbytes is rounded down to whole elements of `dtype`.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    if device is None:
+        device = torch.device("cpu")
+        if dist.get_backend() == "nccl":  # NCCL only reduces tensors on GPUs
+            device = torch.device("cuda", torch.cuda.current_device())
+    element_size = torch.empty((), dtype=dtype).element_size()
+    results = []
+    for nbytes in sizes_bytes:
+        if nbytes < element_size:
+            raise ValueError(f"size {nbytes} bytes is smaller than one {dtype} element")
+        tensor = torch.zeros(int(nbytes) // element_size, dtype=dtype, device=device)
+        for _ in range(warmup):
+            dist.all_reduce(tensor)
+        times = torch.tensor([_time_one_all_reduce(tensor) for _ in range(repeats)],
+                             dtype=torch.float64, device=device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the collective ends with the slowest rank
+        results.append((tensor.numel() * element_size, statistics.median(times.tolist())))
+    return results
+
+
+def _time_one_all_reduce(tensor):
+    line_up = torch.zeros(1, device=tensor.device)
+    dist.all_reduce(line_up)
+    _synchronize(tensor.device)
+    start = time.perf_counter()
+    dist.all_reduce(tensor)
+    _synchronize(tensor.device)  # CUDA calls return before the GPU is done
+    return time.perf_counter() - start
+
+
+def _synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
