@@ -1,9 +1,80 @@
-"""PLACEHOLDER while the launcher is written; replaced shortly."""
+"""`launch`: run a function on N local processes from a notebook cell, and get their results.
+
+Each rank gets torchrun's environment and a ready process group; failures come back as one error.
+"""
+import os
+import sys
+import warnings
+from typing import Any, Callable, List, Optional
+
+import cloudpickle
+
+from . import env
+from .errors import DistributedRunError
+from .output import OutputRelay
+from .rank_group import RankGroup
+from .rank_process import CallFunction, RankSpec
+from .rendezvous import Rendezvous
+
+__all__ = ["launch", "DistributedRunError"]
 
 
-class DistributedRunError(RuntimeError):
-    pass
+def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
+           timeout: Optional[float] = None, init_process_group: bool = True, output: str = "all",
+           start_method: Optional[str] = None, **kwargs) -> List[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``nprocs`` processes; return ``[result of rank 0, ...]``.
+
+    - ``fn`` may be defined in a notebook cell, a closure or a lambda.
+    - Each rank sees RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as under torchrun;
+      with ``init_process_group=True`` the default process group is ready when ``fn`` starts.
+    - ``backend=None`` picks NCCL (rank r on cuda:r) when every rank can own a GPU, else gloo.
+    - ``output``: "all" ranks' lines, "rank0" only, or "none"; each line labelled ``[rankN]``.
+    - ``timeout`` (seconds): past it, every hung rank's stack is shown and all are stopped.
+    - ``start_method``: None (fork where safe, else spawn), "fork" or "spawn".
+
+    Raises DistributedRunError (a RuntimeError) naming every failed rank; no rank survives it,
+    nor a KeyboardInterrupt.
+    """
+    if not callable(fn):
+        raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs={nprocs!r}: need a whole number of processes, at least 1")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout={timeout!r}: give a number of seconds above 0, or None")
+    relay = OutputRelay(output)
+    backend, backend_why = env.choose_backend(nprocs, backend)
+    method, method_why = env.choose_start_method(start_method)
+    cores = env.cpu_cores()
+    if nprocs > cores:
+        warnings.warn(f"{nprocs} ranks on {cores} CPU cores: the ranks take turns on the cores, so "
+                      f"results are right but timings are not meaningful", RuntimeWarning, stacklevel=2)
+    job = CallFunction(fn, args, kwargs)
+    job_bytes = None if method == "fork" else _pickle_job(job)
+    if output != "none":
+        print(f"launch: {nprocs} rank{'s' if nprocs != 1 else ''}, backend {backend} ({backend_why}), "
+              f"start method {method}", flush=True)
+    with Rendezvous(nprocs) as rendezvous:
+        specs = [RankSpec(rank=rank, world_size=nprocs, backend=backend, master_port=rendezvous.port,
+                          init_process_group=init_process_group,
+                          threads=env.threads_per_rank(nprocs, method), parent_pid=os.getpid(),
+                          env=rendezvous.environment(rank, method), sys_path=list(sys.path),
+                          job=job if method == "fork" else None, pg_timeout_s=timeout)
+                 for rank in range(nprocs)]
+        group = RankGroup(specs, method, relay, job_bytes)
+        finished = False
+        try:
+            replies = group.collect(timeout=timeout)
+            finished = True
+        finally:
+            # After success the ranks are exiting on their own; after a failure, stop them now.
+            group.stop(wait_for_exit=10.0 if finished else 0.0)
+    return [replies[rank] for rank in range(nprocs)]
 
 
-def launch(fn, *args, nprocs=2, backend=None, timeout=None, init_process_group=True, **kwargs):
-    raise NotImplementedError("course_lib.launch is being written")
+def _pickle_job(job) -> bytes:
+    try:
+        return cloudpickle.dumps(job)
+    except Exception as exc:
+        raise TypeError(f"start_method='spawn' sends the function and its arguments to each rank by "
+                        f"pickling them, and this failed: {type(exc).__name__}: {exc}. Pass picklable "
+                        f"arguments (tensors, numbers, containers), or use start_method='fork'") from exc

@@ -1,0 +1,99 @@
+"""What went wrong in a distributed run: one failure per rank, gathered into one exception.
+
+`DistributedRunError` names every failed rank, leads with the root cause and keeps each rank's output.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+PHASES = {
+    "startup": "while starting the rank (before your code)",
+    "unpickling": "while unpickling your function and arguments (before your code)",
+    "init_process_group": "in init_process_group (before your code)",
+    "running": "in your function",
+    "returning": "while sending the return value back",
+    "exit": "",
+    "timeout": "still running when the timeout expired",
+}
+
+
+@dataclass
+class RankFailure:
+    rank: int
+    phase: str                      # a key of PHASES
+    summary: str                    # one line: "ValueError: bad shape" or "killed by SIGSEGV"
+    traceback: str = ""             # the rank's formatted traceback, when it raised
+    when: float = 0.0               # time.time() on the rank when it failed (orders root causes)
+    exitcode: Optional[int] = None  # negative: killed by that signal
+    stack: str = ""                 # Python stacks of a hung rank (faulthandler)
+    waiting_in: str = ""            # innermost function of a hung rank's main thread
+
+    def headline(self) -> str:
+        where = PHASES.get(self.phase, self.phase)
+        return f"rank {self.rank} {where}: {self.summary}".replace(" : ", ": ")
+
+
+@dataclass(eq=False)  # exceptions must stay hashable
+class DistributedRunError(RuntimeError):
+    """A distributed run failed or timed out; nothing of it is left running."""
+
+    failures: Dict[int, RankFailure]
+    outputs: Dict[int, List[str]] = field(default_factory=dict)
+    world_size: int = 0
+    timed_out: bool = False
+
+    def __post_init__(self):
+        RuntimeError.__init__(self, self.describe())
+
+    @property
+    def failed_ranks(self) -> List[int]:
+        return sorted(self.failures)
+
+    @property
+    def root_cause(self) -> RankFailure:
+        """The earliest failure that raised; other ranks usually fail because that one did."""
+        raised = [f for f in self.failures.values() if f.traceback] or list(self.failures.values())
+        return min(raised, key=lambda f: (f.when or float("inf"), f.rank))
+
+    def __str__(self):
+        return self.describe()
+
+    def __reduce__(self):
+        return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out))
+
+    def describe(self, output_lines: int = 10) -> str:
+        if self.timed_out:
+            hung = [f for f in self.failures.values() if f.phase == "timeout"]
+            head = f"timed out: {len(hung)} of {self.world_size} ranks still running (ranks {_ranks(hung)})"
+        else:
+            head = f"{len(self.failures)} of {self.world_size} ranks failed (ranks {_ranks(self.failures.values())})"
+        lines = [head, ""]
+        if self.timed_out:
+            for failure in sorted(self.failures.values(), key=lambda f: f.rank):
+                lines.append(f"rank {failure.rank}: {failure.summary}")
+                if failure.stack:
+                    lines += ["  " + line for line in failure.stack.rstrip().splitlines()]
+                lines.append("")
+        else:
+            root = self.root_cause
+            lines.append(f"Root cause: {root.headline()}")
+            if root.traceback:
+                lines += ["", root.traceback.rstrip()]
+            others = [f for f in self.failures.values() if f is not root]
+            if others:
+                lines += ["", "Other ranks:"]
+                lines += [f"  {f.headline()}" for f in sorted(others, key=lambda f: f.rank)]
+            lines.append("")
+        shown = {rank: out[-output_lines:] for rank, out in sorted(self.outputs.items()) if out}
+        if shown:
+            lines.append(f"Last output of each rank (up to {output_lines} lines; all of it in .outputs):")
+            for rank, out in shown.items():
+                lines += [f"  [rank{rank}] {line}" for line in out]
+        return "\n".join(lines).rstrip()
+
+
+def _ranks(failures) -> str:
+    return ", ".join(str(f.rank) for f in sorted(failures, key=lambda f: f.rank))
+
+
+def _rebuild(failures, outputs, world_size, timed_out):
+    return DistributedRunError(failures, outputs, world_size, timed_out)

@@ -1,0 +1,272 @@
+"""The rank side of a launch: set up one rank's process, run its job, report back, exit.
+
+The same steps run in a forked child and in a spawned interpreter (`python -m course_lib.rank_process`).
+"""
+import faulthandler
+import io
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from . import channel
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs to know, fixed by the launcher before it starts."""
+
+    rank: int
+    world_size: int
+    backend: str
+    master_port: int
+    init_process_group: bool
+    threads: int
+    parent_pid: int
+    env: Dict[str, str] = field(default_factory=dict)
+    sys_path: list = field(default_factory=list)
+    job: Any = None                # a callable job(spec, pipes); None: sent later on the control pipe
+    pg_timeout_s: Optional[float] = None
+
+
+@dataclass
+class RankPipes:
+    """The rank's ends of its pipes (file descriptor numbers)."""
+
+    stdout: int
+    stderr: int
+    messages: int    # rank -> launcher: results and errors
+    control: int     # launcher -> rank: the job (spawn) and session commands
+    stacks: int      # rank -> launcher: faulthandler's stack dumps on SIGUSR1
+
+
+def run_rank(spec: RankSpec, pipes: RankPipes, forked: bool) -> None:
+    """Never returns: the process exits when its job is done."""
+    code = 1
+    try:
+        _detach_from_launcher_signals(spec.parent_pid)
+        if forked:
+            _redirect_stdio(pipes)
+        _keep_stack_dumps(pipes)
+        os.environ.update(spec.env)
+        code = _run_phases(spec, pipes)
+    except BaseException:  # noqa: BLE001 - a rank must always report and exit
+        _report_error(pipes.messages, "startup")
+    finally:
+        _flush_and_exit(code)
+
+
+def _detach_from_launcher_signals(parent_pid: int) -> None:
+    """Own process group (the launcher signals ranks itself), and die with the launcher."""
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader (spawned with start_new_session)
+    _die_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the launcher died before we could watch it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort; the launcher also kills its ranks
+        pass
+
+
+def _redirect_stdio(pipes: RankPipes) -> None:
+    """A forked rank still holds the notebook's output objects: point fds 1, 2 and sys.std* at pipes."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(pipes.stdout, 1)
+    os.dup2(pipes.stderr, 2)
+    for fd in (devnull, pipes.stdout, pipes.stderr):
+        os.close(fd)
+    old = {id(sys.stdout), id(sys.stderr), id(sys.__stdout__), id(sys.__stderr__)}
+    sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+    sys.stdout = sys.__stdout__ = _text_stream(1)
+    sys.stderr = sys.__stderr__ = _text_stream(2)
+    # Logging handlers created in the notebook still write to the kernel's streams: repoint them.
+    for logger in [logging.getLogger()] + list(logging.Logger.manager.loggerDict.values()):
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:
+                handler.stream = sys.stderr
+
+
+def _text_stream(fd: int):
+    return io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), encoding="utf-8",
+                            errors="backslashreplace", line_buffering=True, write_through=True)
+
+
+def _keep_stack_dumps(pipes: RankPipes) -> None:
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a crash shows its Python stack
+    stacks = open(pipes.stacks, "w", closefd=False)
+    _keep_stack_dumps.file = stacks  # keep it open for faulthandler
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+
+
+def _run_phases(spec: RankSpec, pipes: RankPipes) -> int:
+    phase = "startup"
+    try:
+        import torch
+
+        torch.set_num_threads(spec.threads)
+        phase = "unpickling"
+        job = spec.job if spec.job is not None else _receive_job(spec, pipes.control)
+        phase = "init_process_group"
+        if spec.init_process_group:
+            _init_process_group(spec)
+        phase = "running"
+        job(spec, pipes)
+        if spec.init_process_group:
+            _destroy_process_group()
+        return 0
+    except BaseException:  # noqa: BLE001
+        _report_error(pipes.messages, getattr(sys.exc_info()[1], "rank_phase", phase))
+        return 1
+
+
+def _receive_job(spec: RankSpec, control_fd: int):
+    sys.path[:] = spec.sys_path or sys.path
+    return channel.receive(control_fd)
+
+
+def _init_process_group(spec: RankSpec) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    kwargs = {}
+    if spec.pg_timeout_s:
+        kwargs["timeout"] = datetime.timedelta(seconds=spec.pg_timeout_s)
+    if spec.backend == "nccl":
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        kwargs["device_id"] = torch.device("cuda", local_rank)
+    dist.init_process_group(spec.backend, init_method="env://", rank=spec.rank,
+                            world_size=spec.world_size, **kwargs)
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the result is sent already; exiting tears the rest down
+        pass
+
+
+INTERNAL_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                  for name in ("rank_process.py", "rank_group.py", "launch.py", "session.py")}
+
+
+def describe_current_exception(phase: str) -> dict:
+    """The current exception as plain data (the launcher may not be able to unpickle it).
+
+    The launcher's own frames are left out: the traceback starts where the learner's code does.
+    """
+    kind, value, tb = sys.exc_info()
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in INTERNAL_FILES:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(kind, value, tb))
+    summary = "".join(traceback.format_exception_only(kind, value)).strip().splitlines()
+    return {"phase": phase, "summary": summary[-1] if summary else kind.__name__,
+            "traceback": notebook_friendly(text), "when": time.time()}
+
+
+def trim_stack_dump(text: str) -> str:
+    """Cut each thread of a faulthandler dump (most recent call first) where the launcher begins.
+
+    Below that point are the launcher's own frames and, in a forked rank, the notebook's stack.
+    """
+    kept, in_launcher = [], False
+    for line in text.splitlines():
+        is_frame = line.strip().startswith("File ")
+        if not is_frame:
+            in_launcher = False  # a new thread's header, or a blank line between threads
+        elif any(f'"{name}"' in line for name in INTERNAL_FILES):
+            in_launcher = True
+        if not in_launcher:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def notebook_friendly(text: str) -> str:
+    """Replace IPython's temporary cell file names with the "Cell In[N]" names learners see."""
+    try:
+        ipython = sys.modules["IPython"].get_ipython()
+        names = ipython.compile._filename_map  # filename -> execution count
+    except Exception:  # noqa: BLE001 - not in IPython
+        return text
+    for filename, count in names.items():
+        text = text.replace(f'File "{filename}"', f"Cell In[{count}]")
+    return text
+
+
+def _report_error(messages_fd: int, phase: str) -> None:
+    try:
+        channel.send(messages_fd, ("error", describe_current_exception(phase)))
+    except BaseException:  # noqa: BLE001 - the launcher is gone; the exit code still tells
+        pass
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(code)
+
+
+class CallFunction:
+    """The job of a launch: call fn(*args, **kwargs) once and send back what it returns."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def __call__(self, spec: RankSpec, pipes: RankPipes) -> None:
+        result = self.fn(*self.args, **self.kwargs)
+        try:
+            payload = channel.dumps(("ok", result))
+        except Exception as exc:  # noqa: BLE001
+            raise _in_phase(TypeError(
+                f"rank {spec.rank} returned a {type(result).__name__} that cannot be pickled "
+                f"({type(exc).__name__}: {exc}); return tensors, numbers, strings or containers of them"
+            ), "returning") from None
+        channel.write_frame(pipes.messages, payload)
+
+
+def _in_phase(exc: BaseException, phase: str) -> BaseException:
+    exc.rank_phase = phase
+    return exc
+
+
+def spawned_main() -> None:
+    """Entry point of a spawned rank: its spec comes first on the control pipe."""
+    pipes = RankPipes(stdout=1, stderr=2, **{
+        name: int(value) for name, value in zip(
+            ("messages", "control", "stacks"), os.environ.pop("COURSE_LIB_RANK_FDS").split(","))
+    })
+    for stream in (sys.stdout, sys.stderr):  # pipes are block-buffered by default
+        stream.reconfigure(line_buffering=True, write_through=True)
+    spec = channel.receive(pipes.control)
+    run_rank(spec, pipes, forked=False)
+
+
+if __name__ == "__main__":
+    spawned_main()

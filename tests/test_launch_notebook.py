@@ -1,0 +1,63 @@
+"""course_lib.launch inside a real Jupyter kernel: output in the cell, captures, interrupts."""
+import time
+
+import nbformat
+import pytest
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+
+from scripts import REPO, process_is_gone
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _run_notebook(*sources):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    NotebookClient(notebook, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": REPO}}).execute()
+    return ["".join(o.get("text", "") for o in cell.outputs) for cell in notebook.cells]
+
+
+def test_a_cell_defined_function_runs_and_every_rank_prints_into_the_cell():
+    outputs = _run_notebook(
+        "import torch, torch.distributed as dist\nfrom course_lib import launch\n"
+        "x = torch.randn(300, 300, requires_grad=True); (x @ x).sum().backward()",
+        "def work(n):\n    print(f'hello from rank {dist.get_rank()}')\n"
+        "    t = torch.ones(n) * dist.get_rank()\n    dist.all_reduce(t)\n    return t.sum().item()\n"
+        "print(launch(work, 4, nprocs=2, timeout=60))",
+        "from IPython.utils.capture import capture_output\n"
+        "with capture_output() as captured:\n    launch(work, 1, nprocs=2, timeout=60)\n"
+        "print('captured:', sorted(l for l in captured.stdout.splitlines() if l.startswith('[rank')))",
+    )
+    assert "[rank0] hello from rank 0" in outputs[1] and "[rank1] hello from rank 1" in outputs[1]
+    assert "[4.0, 4.0]" in outputs[1]
+    assert "captured: ['[rank0] hello from rank 0', '[rank1] hello from rank 1']" in outputs[2]
+
+
+def test_interrupting_the_kernel_stops_every_rank_and_the_kernel_lives_on():
+    manager, client = start_new_kernel(kernel_name="python3", cwd=REPO)
+    try:
+        client.execute("import os, time\nfrom course_lib import launch\n"
+                       "def sleep_forever():\n    print('pid', os.getpid(), flush=True)\n    time.sleep(300)\n"
+                       "launch(sleep_forever, nprocs=2)")
+        pids, error = [], None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and error is None:
+            message = client.get_iopub_msg(timeout=60)
+            content = message["content"]
+            if message["msg_type"] == "stream":
+                pids += [int(line.split()[-1]) for line in content["text"].splitlines() if "] pid " in line]
+                if len(pids) == 2:
+                    manager.interrupt_kernel()
+            elif message["msg_type"] == "error":
+                error = content["ename"]
+        assert error == "KeyboardInterrupt" and len(pids) == 2
+        assert all(process_is_gone(pid) for pid in pids)
+        assert client.get_shell_msg(timeout=30)["content"]["status"] == "error"  # the interrupted cell
+        time.sleep(0.5)  # the kernel aborts requests that arrive while it unwinds the error
+        reply = client.execute_interactive("print(launch(lambda: 7, nprocs=2, timeout=60, output='none'))",
+                                           timeout=60)
+        assert reply["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
