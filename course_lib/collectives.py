@@ -54,8 +54,8 @@ def ring_all_reduce(tensor):
       1. reduce-scatter, world_size - 1 steps: add the received chunk to our own copy of it;
          afterwards rank r holds the full sum of chunk (r + 1) % world_size;
       2. all-gather, world_size - 1 steps: pass the summed chunks on, overwriting our copy.
-    Each rank sends 2 (world_size - 1) / world_size times the tensor's bytes, whatever the
-    number of ranks: that is why the ring wins for large tensors.
+    Each rank sends 2 (world_size - 1) / world_size times the tensor's bytes: always less than
+    two tensors, however many ranks there are. That is why the ring wins for large tensors.
     """
     _check_contiguous(tensor, "ring_all_reduce")
     rank, world_size = dist.get_rank(), dist.get_world_size()
