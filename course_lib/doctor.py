@@ -1,0 +1,118 @@
+"""`python -m course_lib doctor`: can this machine run the course, and how will it run?
+
+Prints a table (Python, torch, GPUs, backends, /dev/shm, cores, a timed 2-rank launch) and exits
+non-zero when something the course needs is missing.
+"""
+import argparse
+import os
+import platform
+import shutil
+import sys
+import time
+from typing import List, NamedTuple
+
+from . import env
+
+MIN_TORCH = (2, 4)
+SHM_ADVICE_BYTES = 1 << 30
+
+
+class Finding(NamedTuple):
+    item: str
+    value: str
+    status: str  # "ok", "note" (works, with advice) or "FAIL" (the course cannot run)
+
+
+def _torch_findings() -> List[Finding]:
+    import torch
+    import torch.distributed as dist
+
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    found = [Finding("torch", torch.__version__,
+                     "ok" if version >= MIN_TORCH else f"FAIL: the course needs torch>={'.'.join(map(str, MIN_TORCH))}")]
+    gpus = env.gpu_count()
+    if gpus:
+        for index in range(gpus):
+            props = torch.cuda.get_device_properties(index)
+            found.append(Finding(f"cuda:{index}", f"{props.name}, {props.total_memory / 2**30:.0f} GiB", "ok"))
+    else:
+        found.append(Finding("CUDA GPUs", "none: lessons run on CPU processes (gloo)", "ok"))
+    found.append(Finding("torch.distributed", "available" if dist.is_available() else "missing",
+                         "ok" if dist.is_available() else "FAIL: this torch build has no torch.distributed"))
+    if dist.is_available():
+        found.append(Finding("gloo", "available" if dist.is_gloo_available() else "missing",
+                             "ok" if dist.is_gloo_available() else "FAIL: the CPU lessons need gloo"))
+        nccl = dist.is_nccl_available()
+        found.append(Finding("nccl", "available" if nccl else "missing",
+                             "ok" if nccl or not gpus else "note: GPUs but no NCCL; ranks will use gloo"))
+    return found
+
+
+def _machine_findings() -> List[Finding]:
+    cores = env.cpu_cores()
+    found = [Finding("Python", platform.python_version(), "ok" if sys.version_info >= (3, 9) else "FAIL: needs 3.9+"),
+             Finding("CPU cores", str(cores), "ok" if cores >= 2 else "note: 2 ranks will share one core")]
+    if os.path.isdir("/dev/shm"):
+        total = shutil.disk_usage("/dev/shm").total
+        advice = ("ok" if total >= SHM_ADVICE_BYTES else
+                  "note: below 1 GiB; DataLoader workers may crash (SIGBUS): use fewer workers, "
+                  "or docker run --shm-size=2g")
+        found.append(Finding("/dev/shm", f"{total / 2**30:.1f} GiB", advice))
+    return found
+
+
+def _launch_findings(nprocs: int) -> List[Finding]:
+    import torch
+    import torch.distributed as dist
+
+    from .launch import DistributedRunError, launch
+
+    backend, why = env.choose_backend(nprocs)
+    method, _ = env.choose_start_method()
+    found = [Finding("launch would use", f"{backend} ({why}), {method}", "ok")]
+
+    def ping():
+        tensor = torch.ones(1, device=env.device_for_rank())
+        dist.all_reduce(tensor)
+        return tensor.item()
+
+    start = time.perf_counter()
+    try:
+        results = launch(ping, nprocs=nprocs, timeout=120, output="none")
+        ok = results == [float(nprocs)] * nprocs
+        found.append(Finding(f"test launch ({nprocs} ranks, all_reduce)", f"{time.perf_counter() - start:.2f} s",
+                             "ok" if ok else f"FAIL: all_reduce gave {results}"))
+    except (DistributedRunError, ValueError, RuntimeError) as error:
+        first_line = str(error).strip().splitlines()[0]
+        found.append(Finding(f"test launch ({nprocs} ranks)", "failed", f"FAIL: {first_line}"))
+    return found
+
+
+def diagnose(nprocs: int = 2, test_launch: bool = True) -> List[Finding]:
+    findings = _machine_findings()
+    try:
+        findings += _torch_findings()
+    except ImportError as error:
+        return findings + [Finding("torch", "missing", f"FAIL: {error}; see the README for CPU-only wheels")]
+    if test_launch and not any(f.status.startswith("FAIL") for f in findings):
+        findings += _launch_findings(nprocs)
+    return findings
+
+
+def format_table(findings: List[Finding]) -> str:
+    width = max(len(f.item) for f in findings)
+    value_width = max(len(f.value) for f in findings)
+    return "\n".join(f"{f.item:<{width}}  {f.value:<{value_width}}  {f.status}" for f in findings)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--nprocs", type=int, default=2, help="ranks for the test launch (default 2)")
+    parser.add_argument("--no-launch", action="store_true", help="skip the timed test launch")
+    args = parser.parse_args(argv)
+    findings = diagnose(args.nprocs, not args.no_launch)
+    print(format_table(findings))
+    failed = [f for f in findings if f.status.startswith("FAIL")]
+    print("\n" + ("This machine cannot run the course yet: fix the FAIL lines above." if failed
+                  else "Ready: every lesson runs here."))
+    return 1 if failed else 0
