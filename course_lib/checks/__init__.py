@@ -1,0 +1,136 @@
+"""The graders behind every exercise's check cell, and the helpers they share.
+
+A grader asserts with a message that helps the learner, then prints one fixed line.
+
+Conventions for lesson authors (tests/test_checks.py enforces them):
+
+- Lesson NN's graders live in ``course_lib/checks/lessonNN.py`` (two digits, e.g. ``lesson03.py``).
+- A grader is a function named ``check_<exercise>`` decorated with ``@grader("<exercise title>")``.
+  Its body only asserts, through ``expect_equal`` / ``expect_close`` / ``expect`` (each raises
+  ``GradingError``); it prints nothing and returns nothing. On success the decorator prints the
+  one fixed line ``✓ <exercise title>: passed``; a stub's ``NotImplementedError`` becomes a
+  ``GradingError`` that tells the learner to fill in the exercise.
+- Every grader is rejected by at least two plausible wrong answers, declared in the module::
+
+      WRONG_ANSWERS = {
+          check_average_gradients: [
+              wrong_answer("sums instead of averaging", sum_gradients),
+              wrong_answer("divides by the batch size", divide_by_batch_size),
+          ],
+      }
+
+  ``wrong_answer(description, *args, **kwargs)`` holds the arguments the grader is called with;
+  each must make the grader raise ``GradingError``.
+- The check cell under the exercise is exactly::
+
+      # NBVAL_CHECK_OUTPUT
+      check_average_gradients(average_gradients)
+"""
+import functools
+from dataclasses import dataclass, field
+
+__all__ = ["GradingError", "grader", "passed", "expect", "expect_equal", "expect_close",
+           "wrong_answer", "WrongAnswer", "describe"]
+
+STUB_HINT = "replace the `raise NotImplementedError(...)` line in the exercise cell with your code"
+
+
+class GradingError(AssertionError):
+    """An exercise's answer is not right yet: says what was expected, what came back, and a hint."""
+
+    def __init__(self, what: str, expected: str, got: str, hint: str = ""):
+        self.what, self.expected, self.got, self.hint = what, expected, got, hint
+        lines = [f"{what} is not right yet.", f"  expected: {expected}", f"  got:      {got}"]
+        if hint:
+            lines.append(f"  hint:     {hint}")
+        super().__init__("\n".join(lines))
+
+
+def passed(exercise: str) -> None:
+    """Print the one fixed line a check cell stores as its expected output."""
+    print(f"✓ {exercise}: passed")
+
+
+def grader(exercise: str):
+    """Make a function the grader of `exercise`: it prints `passed` when no expectation fails."""
+
+    def decorate(check):
+        @functools.wraps(check)
+        def run_check(*args, **kwargs):
+            try:
+                check(*args, **kwargs)
+            except NotImplementedError as error:
+                raise GradingError(exercise, "your code to run",
+                                   f"NotImplementedError({error})", STUB_HINT) from None
+            passed(exercise)
+
+        run_check.exercise = exercise
+        return run_check
+
+    return decorate
+
+
+def expect(condition: bool, what: str, expected: str, got: str, hint: str = "") -> None:
+    """Raise GradingError unless `condition`; for expectations the other helpers cannot say."""
+    if not condition:
+        raise GradingError(what, expected, got, hint)
+
+
+def describe(value, limit: int = 120) -> str:
+    """A short description of a value for a grading message: tensors show shape and dtype."""
+    if _is_tensor(value):
+        first = value.detach().flatten()[:8].tolist()
+        more = ", ..." if value.numel() > len(first) else ""
+        text = f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}: {first}{more}"
+    else:
+        text = f"{value!r} ({type(value).__name__})"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def expect_equal(actual, expected, what: str, hint: str = "") -> None:
+    """Expect `actual == expected`; tensors must match in shape, dtype and every element."""
+    if _is_tensor(expected):
+        same = (_is_tensor(actual) and actual.shape == expected.shape
+                and actual.dtype == expected.dtype and bool((actual == expected).all()))
+    else:
+        try:
+            same = bool(actual == expected)
+        except Exception:  # e.g. comparing a tensor with a list: not equal, whatever the reason
+            same = False
+    expect(same, what, describe(expected), describe(actual), hint)
+
+
+def expect_close(actual, expected, what: str, hint: str = "", rtol: float = 1e-5,
+                 atol: float = 1e-8) -> None:
+    """Expect numbers, sequences or tensors to match `expected` within `rtol` and `atol`."""
+    import torch  # only graders that compare numbers pay for importing torch
+
+    expected_tensor = torch.as_tensor(expected, dtype=torch.float64).cpu()
+    try:
+        actual_tensor = torch.as_tensor(actual, dtype=torch.float64).cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise GradingError(what, describe(expected), describe(actual),
+                           hint or "return numbers (or a tensor), not this type") from None
+    if actual_tensor.shape != expected_tensor.shape:
+        raise GradingError(what, f"shape {tuple(expected_tensor.shape)}",
+                           f"shape {tuple(actual_tensor.shape)}: {describe(actual)}", hint)
+    close = torch.allclose(actual_tensor, expected_tensor, rtol=rtol, atol=atol)
+    expect(close, what, describe(expected), describe(actual), hint)
+
+
+@dataclass
+class WrongAnswer:
+    """A plausible mistake, as the arguments a grader is called with; the grader must reject it."""
+
+    description: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def wrong_answer(description: str, *args, **kwargs) -> WrongAnswer:
+    """Declare a wrong answer for WRONG_ANSWERS: `description` says what mistake it makes."""
+    return WrongAnswer(description, args, kwargs)
+
+
+def _is_tensor(value) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "shape")

@@ -1,0 +1,178 @@
+"""The grading helpers, and every lesson grader's duty: reject at least two plausible wrong answers.
+
+Lesson graders are found in course_lib/checks/lessonNN.py; their WRONG_ANSWERS drive the tests.
+"""
+import importlib
+import pkgutil
+import types
+
+import pytest
+import torch
+
+import course_lib.checks as checks
+from course_lib.checks import (GradingError, WrongAnswer, describe, expect, expect_close,
+                               expect_equal, grader, wrong_answer)
+
+MIN_WRONG_ANSWERS = 2
+
+
+def lesson_grader_modules():
+    return [importlib.import_module(f"{checks.__name__}.{info.name}")
+            for info in pkgutil.iter_modules(checks.__path__) if info.name.startswith("lesson")]
+
+
+def graders_of(module):
+    """The graders a lesson module defines: functions made by @grader in that module."""
+    return [value for value in vars(module).values()
+            if callable(value) and hasattr(value, "exercise")
+            and getattr(value, "__module__", None) == module.__name__]
+
+
+def missing_wrong_answers(module) -> list:
+    """'check_x has 1 wrong answer' for each grader short of MIN_WRONG_ANSWERS."""
+    declared = getattr(module, "WRONG_ANSWERS", {})
+    return [f"{module.__name__}.{check.__name__} has {len(declared.get(check, []))} wrong answers"
+            for check in graders_of(module) if len(declared.get(check, [])) < MIN_WRONG_ANSWERS]
+
+
+def accepted_wrong_answer(check, wrong: WrongAnswer, capsys) -> str:
+    """'' when `check` rejects `wrong` with a GradingError and prints nothing; else what went wrong."""
+    try:
+        check(*wrong.args, **wrong.kwargs)
+    except GradingError:
+        printed = capsys.readouterr().out
+        return f"printed {printed!r} while rejecting it" if printed else ""
+    except Exception as error:  # the learner would see a crash, not a helpful message
+        return f"raised {type(error).__name__}: {error} instead of a GradingError"
+    return "accepted it"
+
+
+LESSON_MODULES = lesson_grader_modules()
+WRONG_ANSWER_CASES = [
+    pytest.param(check, wrong, id=f"{module.__name__.rsplit('.', 1)[-1]}.{check.__name__}:"
+                                  f"{wrong.description}")
+    for module in LESSON_MODULES
+    for check, wrongs in getattr(module, "WRONG_ANSWERS", {}).items()
+    for wrong in wrongs
+]
+
+
+@pytest.mark.parametrize("module", LESSON_MODULES, ids=lambda module: module.__name__)
+def test_every_grader_declares_two_wrong_answers(module):
+    assert not missing_wrong_answers(module), (
+        "declare at least two plausible wrong answers per grader in WRONG_ANSWERS: "
+        + "; ".join(missing_wrong_answers(module)))
+
+
+@pytest.mark.parametrize("check, wrong", WRONG_ANSWER_CASES)
+def test_grader_rejects_wrong_answer(check, wrong, capsys):
+    problem = accepted_wrong_answer(check, wrong, capsys)
+    assert not problem, f"{check.__name__} {problem} (wrong answer: {wrong.description})"
+
+
+# The machinery above, on a made-up lesson module.
+
+def make_lesson_module(wrong_answers_for_double):
+    module = types.ModuleType("course_lib.checks.lesson99")
+
+    @grader("double")
+    def check_double(double):
+        expect_equal(double(3), 6, "double(3)", hint="multiply by two")
+
+    check_double.__module__ = module.__name__
+    module.check_double = check_double
+    module.WRONG_ANSWERS = {check_double: wrong_answers_for_double}
+    return module
+
+
+def test_machinery_finds_a_grader_short_of_wrong_answers():
+    module = make_lesson_module([wrong_answer("adds one", lambda x: x + 1)])
+    assert graders_of(module) == [module.check_double]
+    assert missing_wrong_answers(module) == [
+        "course_lib.checks.lesson99.check_double has 1 wrong answers"]
+    full = make_lesson_module([wrong_answer("adds one", lambda x: x + 1),
+                               wrong_answer("squares", lambda x: x * x)])
+    assert missing_wrong_answers(full) == []
+
+
+def test_machinery_flags_accepted_and_crashing_wrong_answers(capsys):
+    check = make_lesson_module([]).check_double
+    assert accepted_wrong_answer(check, wrong_answer("adds one", lambda x: x + 1), capsys) == ""
+    assert accepted_wrong_answer(check, wrong_answer("right", lambda x: 2 * x), capsys) == \
+        "accepted it"
+    crashing = accepted_wrong_answer(check, wrong_answer("crashes", lambda x: x / "a"), capsys)
+    assert crashing.startswith("raised TypeError")
+
+
+# The grading helpers.
+
+def test_grading_error_says_expected_got_and_hint():
+    error = GradingError("the mean", "2.0", "4.0", "divide by world_size")
+    assert isinstance(error, AssertionError)
+    assert str(error) == ("the mean is not right yet.\n  expected: 2.0\n  got:      4.0\n"
+                          "  hint:     divide by world_size")
+    assert "hint" not in str(GradingError("the mean", "2.0", "4.0"))
+
+
+def test_grader_prints_one_fixed_line_on_success(capsys):
+    @grader("double")
+    def check_double(double):
+        expect_equal(double(3), 6, "double(3)")
+
+    assert check_double(lambda x: 2 * x) is None
+    assert capsys.readouterr().out == "✓ double: passed\n"
+    assert check_double.exercise == "double" and check_double.__name__ == "check_double"
+
+
+def test_grader_turns_the_stub_into_advice_and_prints_nothing(capsys):
+    @grader("double")
+    def check_double(double):
+        expect_equal(double(3), 6, "double(3)")
+
+    def stub(x):
+        raise NotImplementedError("Exercise: write this part")
+
+    with pytest.raises(GradingError, match="replace the `raise NotImplementedError"):
+        check_double(stub)
+    with pytest.raises(GradingError, match="expected: 6 \\(int\\)\n  got:      7 \\(int\\)"):
+        check_double(lambda x: 7)
+    assert capsys.readouterr().out == ""
+
+
+def test_expect_close_accepts_numbers_lists_and_tensors_within_tolerance():
+    expect_close(0.1 + 0.2, 0.3, "sum")
+    expect_close([1.0, 2.0], torch.tensor([1.0, 2.0 + 1e-7]), "list")
+    expect_close(torch.tensor([[1.0]]), [[1.0]], "tensor")
+    expect_close(1.05, 1.0, "loose", rtol=0.1)
+
+
+@pytest.mark.parametrize("actual, expected_in_message", [
+    (None, "got:      None (NoneType)"),
+    (torch.ones(3), "got:      shape (3,)"),
+    ([1.0, 2.5], "got:      [1.0, 2.5] (list)"),
+    ("1.0, 2.0", "got:      '1.0, 2.0' (str)"),
+])
+def test_expect_close_rejects_with_a_helpful_message(actual, expected_in_message):
+    with pytest.raises(GradingError) as caught:
+        expect_close(actual, [1.0, 2.0], "the gradients", hint="average over ranks")
+    assert expected_in_message in str(caught.value)
+    assert "hint:     average over ranks" in str(caught.value)
+
+
+def test_expect_equal_compares_tensor_shape_dtype_and_values():
+    expect_equal(torch.arange(3), torch.arange(3), "ranks")
+    for wrong in (torch.arange(3).float(), torch.arange(4), torch.tensor([0, 1, 3]), [0, 1, 2]):
+        with pytest.raises(GradingError, match="ranks is not right yet"):
+            expect_equal(wrong, torch.arange(3), "ranks")
+
+
+def test_expect_raises_only_when_the_condition_fails():
+    expect(True, "world_size", "2", "2")
+    with pytest.raises(GradingError, match="expected: 2"):
+        expect(False, "world_size", "2", "1", "launch with nprocs=2")
+
+
+def test_describe_keeps_large_values_short():
+    assert describe(torch.zeros(1000)).endswith(", ...")
+    assert "shape (1000,)" in describe(torch.zeros(1000))
+    assert len(describe(list(range(1000)))) == 120
