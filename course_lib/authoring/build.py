@@ -1,0 +1,116 @@
+"""Building lessons/ from solutions/: exercises become stubs, solution-only cells go away.
+
+Deterministic: the same solution always gives the same bytes, so `--check` can spot a stale lesson.
+"""
+import argparse
+import copy
+from pathlib import Path
+
+import nbformat
+
+from .cells import (BEGIN_SOLUTION, END_SOLUTION, is_check_cell, is_code, is_solution_only)
+from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root
+from .scrub import scrub_outputs
+
+STUB = 'raise NotImplementedError("Exercise: write this part, then run the check cell below")'
+MARKDOWN_STUB = "YOUR ANSWER HERE"
+
+
+class LessonBuildError(ValueError):
+    """A solution notebook cannot become a lesson; the message says which cell and why."""
+
+
+def stub_regions(source: str, where: str, markdown: bool = False) -> str:
+    """Replace each BEGIN/END SOLUTION region of `source` with a stub at the region's indent."""
+    kept, region_start = [], None
+    for number, line in enumerate(source.splitlines(), start=1):
+        marker = line.strip()
+        if marker == BEGIN_SOLUTION:
+            if region_start is not None:
+                raise LessonBuildError(f"{where}: line {number} opens a region inside the one "
+                                       f"opened at line {region_start}; close it with {END_SOLUTION}")
+            region_start = number
+            indent = line[: len(line) - len(line.lstrip())]
+            kept += [indent + MARKDOWN_STUB] if markdown else [indent + "# YOUR CODE HERE",
+                                                               indent + STUB]
+        elif marker == END_SOLUTION:
+            if region_start is None:
+                raise LessonBuildError(f"{where}: line {number} has {END_SOLUTION} without a "
+                                       f"{BEGIN_SOLUTION} before it")
+            region_start = None
+        elif region_start is None:
+            kept.append(line)
+    if region_start is not None:
+        raise LessonBuildError(f"{where}: line {region_start} opens a region that is never "
+                               f"closed; add {END_SOLUTION} after the solution code")
+    return "\n".join(kept) + ("\n" if source.endswith("\n") else "")
+
+
+def build_lesson(solution, name: str = "notebook", root: Path = Path(".")):
+    """The lesson made from a solution notebook (which is left unchanged)."""
+    lesson = copy.deepcopy(solution)
+    lesson.cells = [cell for cell in lesson.cells if not is_solution_only(cell)]
+    for index, cell in enumerate(lesson.cells):
+        where = f"{name} cell {index}"
+        cell.source = stub_regions(cell.source, where, markdown=not is_code(cell))
+        cell.metadata.pop("execution", None)  # timestamps would make every build differ
+        if is_check_cell(cell):
+            if not cell.outputs:
+                raise LessonBuildError(
+                    f"{where} is a check cell with no stored output; execute the solution first: "
+                    f"python -m course_lib run-solutions --only {name[:2]} --write")
+        elif is_code(cell):
+            cell.outputs, cell.execution_count = [], None
+    return scrub_outputs(lesson, root)
+
+
+def render(nb) -> bytes:
+    """The notebook's bytes, in nbformat's fixed JSON layout."""
+    return (nbformat.writes(nb) + "\n").encode("utf-8")
+
+
+def build_lessons(root: Path, check: bool = False) -> list:
+    """Write (or, with `check`, compare) every lesson; returns the problems found under check."""
+    problems = []
+    solutions = course_notebooks(root / SOLUTIONS)
+    for solution_path in solutions:
+        lesson_path = root / LESSONS / solution_path.name
+        solution = nbformat.read(solution_path, as_version=4)
+        wanted = render(build_lesson(solution, solution_path.name, root))
+        current = lesson_path.read_bytes() if lesson_path.exists() else None
+        if current == wanted:
+            print(f"up to date  {LESSONS}/{lesson_path.name}")
+        elif check:
+            problems.append(f"{LESSONS}/{lesson_path.name} is "
+                            f"{'missing' if current is None else 'out of date'}")
+        else:
+            lesson_path.parent.mkdir(exist_ok=True)
+            lesson_path.write_bytes(wanted)
+            print(f"wrote       {LESSONS}/{lesson_path.name}")
+    solution_names = {path.name for path in solutions}
+    for lesson_path in course_notebooks(root / LESSONS):
+        if lesson_path.name not in solution_names:
+            problems.append(f"{LESSONS}/{lesson_path.name} has no {SOLUTIONS}/{lesson_path.name}; "
+                            f"delete the lesson or add its solution")
+    return problems
+
+
+def build_lessons_main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib build-lessons",
+                                     description="Write lessons/ from solutions/.")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; fail when lessons/ is not what a build would write")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the course folder (default: found from the current folder)")
+    args = parser.parse_args(argv)
+    root = find_course_root(args.root)
+    try:
+        problems = build_lessons(root, check=args.check)
+    except LessonBuildError as error:
+        print(f"error: {error}")
+        return 1
+    for problem in problems:
+        print(f"problem     {problem}")
+    if problems and args.check:
+        print("lessons/ is stale: run `python -m course_lib build-lessons` and commit lessons/")
+    return 1 if problems else 0

@@ -1,0 +1,74 @@
+"""The course's notebooks under nbval: every solution passes, every unsolved lesson fails in its
+exercises (never in setup), lessons/ is up to date, and no output names a machine path.
+
+Runs on solutions/ and lessons/, and on the fixture course in tests/fixtures so the machinery is
+exercised before the first lesson exists. Each notebook takes about a minute on 2 CPU cores.
+"""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.authoring.build import build_lessons
+from course_lib.authoring.cells import is_check_cell, is_exercise_cell
+from course_lib.authoring.grade import run_nbval
+from course_lib.authoring.layout import LESSONS, SOLUTIONS, course_notebooks
+from course_lib.authoring.scrub import paths_left
+
+TESTS = Path(__file__).parent
+ROOTS = [TESTS.parent, TESTS / "fixtures"]
+SANITIZE_FILE = TESTS / "sanitize.cfg"
+NOTEBOOK_TIMEOUT_S = 600
+
+
+def notebooks(folder_name):
+    found = [path for root in ROOTS for path in course_notebooks(root / folder_name)]
+    return [pytest.param(path, id=str(path.relative_to(TESTS.parent))) for path in found]
+
+
+def describe_failures(results) -> str:
+    return "\n".join(f"code cell {result.index}:\n{result.cell.source}\n--> {result.message}"
+                     for result in results if not result.passed)
+
+
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 60)
+@pytest.mark.parametrize("notebook", notebooks(SOLUTIONS))
+def test_solution_passes_nbval(notebook):
+    results = run_nbval(notebook, NOTEBOOK_TIMEOUT_S, SANITIZE_FILE)
+    assert all(result.passed for result in results), (
+        f"{notebook.name} fails under nbval; fix it, then store its outputs with "
+        f"`python -m course_lib run-solutions --only {notebook.name[:2]} --write`:\n"
+        + describe_failures(results))
+
+
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 60)
+@pytest.mark.parametrize("notebook", notebooks(LESSONS))
+def test_unsolved_lesson_fails_in_every_check_and_nowhere_else(notebook):
+    results = run_nbval(notebook, NOTEBOOK_TIMEOUT_S, SANITIZE_FILE)
+    checks = [result for result in results if is_check_cell(result.cell)]
+    assert checks, f"{notebook.name} has no check cell (# NBVAL_CHECK_OUTPUT) to grade"
+    passing_checks = [result.index for result in checks if result.passed]
+    assert not passing_checks, (
+        f"check cells {passing_checks} of {notebook.name} pass on the stubs: a grader that "
+        f"cannot fail is a defect")
+    outside_exercises = [result for result in results if not result.passed
+                         and not is_check_cell(result.cell) and not is_exercise_cell(result.cell)]
+    assert not outside_exercises, (
+        f"{notebook.name} fails outside its exercises; a later cell must not depend on an "
+        f"unfinished exercise (use the library's reference implementation):\n"
+        + describe_failures(outside_exercises))
+
+
+@pytest.mark.parametrize("root", ROOTS, ids=["course", "fixtures"])
+def test_lessons_are_up_to_date(root):
+    problems = build_lessons(root, check=True)
+    assert not problems, ("; ".join(problems)
+                          + "\nrun `python -m course_lib build-lessons` and commit lessons/")
+
+
+@pytest.mark.parametrize("notebook", notebooks(SOLUTIONS) + notebooks(LESSONS))
+def test_outputs_name_no_machine_path(notebook):
+    left = paths_left(nbformat.read(notebook, as_version=4))
+    assert not left, (f"{notebook.name} has machine paths in its outputs ({', '.join(left)}); "
+                      f"store outputs with `python -m course_lib run-solutions --write`, "
+                      f"which scrubs them, then rebuild the lessons")
