@@ -11,7 +11,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from course_lib.authoring import build_lessons_main, check_main, run_solutions_main
 from course_lib.authoring.build import LessonBuildError, build_lesson, render, stub_regions
-from course_lib.authoring.grade import failure_message
+from course_lib.authoring.grade import GradingRunError, failure_message, run_nbval
 from course_lib.authoring.layout import find_lesson, matches_numbers
 from course_lib.authoring.run import describe_device
 from course_lib.authoring.sanitize import render as render_sanitize_rules
@@ -66,9 +66,11 @@ def test_lesson_drops_solution_cells_keeps_check_outputs_and_clears_the_rest():
     lesson = build_lesson(solution, SOLUTION.name, FIXTURES)
     assert len(lesson.cells) == len(solution.cells) - 1
     assert not any("solution only" in cell.source for cell in lesson.cells)
-    check = next(cell for cell in lesson.cells if cell.source.startswith("# NBVAL_CHECK_OUTPUT"))
-    assert check.outputs[0]["text"] == "✓ circle area: passed\n" and check.execution_count
-    others = [cell for cell in lesson.cells if cell.cell_type == "code" and cell is not check]
+    checks = [cell for cell in lesson.cells if cell.source.startswith("# NBVAL_CHECK_OUTPUT")]
+    assert [cell.outputs[0]["text"] for cell in checks] == [
+        "✓ circle area: passed\n", "✓ unit circle area: passed\n"]
+    assert all(cell.execution_count for cell in checks)
+    others = [cell for cell in lesson.cells if cell.cell_type == "code" and cell not in checks]
     assert all(cell.outputs == [] and cell.execution_count is None for cell in others)
     assert any(cell.source.startswith("# NBVAL_IGNORE_OUTPUT") for cell in others)
     assert STUB in lesson.cells[3].source and "math.pi" not in lesson.cells[3].source
@@ -140,11 +142,18 @@ def test_check_grades_each_exercise_of_the_fixture_lesson(monkeypatch, capsys):
     monkeypatch.chdir(FIXTURES)
     assert check_main(["1"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL  check_circle_area" in out and "0 of 1 exercises pass." in out
+    assert "FAIL  check_circle_area" in out and "0 of 2 exercises pass." in out
     assert "GradingError: circle area is not right yet." in out
     assert "hint:     replace the `raise NotImplementedError(...)`" in out
+    assert "note  exercise cell (code cell 5) failed:" in out and "FAIL  check_unit_circle_area" in out
     assert check_main(["9"]) == 2
     assert "no lesson '9'" in capsys.readouterr().err
+
+
+def test_grading_a_hanging_notebook_stops_at_the_timeout(tmp_path):
+    nbformat.write(code_notebook("import time\ntime.sleep(60)"), tmp_path / "01_hang.ipynb")
+    with pytest.raises(GradingRunError, match="took over 6 s under nbval"):
+        run_nbval(tmp_path / "01_hang.ipynb", timeout_s=6)
 
 
 def test_failure_message_explains_differing_output():
@@ -167,7 +176,7 @@ def test_run_solutions_writes_outputs_without_machine_paths(course, capsys):
     out = capsys.readouterr().out
     assert "[1/1] running 01_circle.ipynb" in out and "01_circle.ipynb  pass" in out
     after = nbformat.read(executed, as_version=4)
-    assert paths_left(after) == []
+    assert paths_left(after) == [] and "now run `python -m course_lib build-lessons`" in out
     assert "working in ./solutions" in after.cells[6].outputs[0]["text"]
     assert after.cells[5].outputs[0]["text"] == "✓ circle area: passed\n"
 
@@ -178,11 +187,13 @@ def test_run_solutions_reports_failures_and_timeouts_and_writes_neither(course, 
     nbformat.write(code_notebook("import time\ntime.sleep(60)"), slow)
     assert run_solutions_main(["--root", str(course), "--only", "2,3", "--timeout", "10",
                                "--write"]) == 1
-    rows = capsys.readouterr().out.splitlines()[-3:]
+    rows_before = capsys.readouterr().out.splitlines()
+    rows = rows_before[-3:]
     assert rows[0].startswith("notebook") and "device" in rows[0]
     assert rows[1].startswith("02_broken.ipynb  FAIL ValueError: bad shape")
     assert rows[2].startswith("03_slow.ipynb") and "FAIL timed out after 10 s" in rows[2]
     assert nbformat.read(broken, as_version=4).cells[0].outputs == []
+    assert "left solutions/02_broken.ipynb as it was, since it failed" in "\n".join(rows_before)
     assert run_solutions_main(["--root", str(course), "--only", "7"]) == 2
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import nbformat
 
-from .cells import (BEGIN_SOLUTION, END_SOLUTION, is_check_cell, is_code, is_solution_only)
+from .cells import (BEGIN_SOLUTION, END_SOLUTION, STUB, is_check_cell, is_code,
+                    is_solution_only)
 from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root
 from .scrub import scrub_outputs
 
-STUB = 'raise NotImplementedError("Exercise: write this part, then run the check cell below")'
 MARKDOWN_STUB = "YOUR ANSWER HERE"
 
 

@@ -9,6 +9,7 @@ END_SOLUTION = "### END SOLUTION"
 CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
 IGNORE_MARKER = "# NBVAL_IGNORE_OUTPUT"
 SOLUTION_TAG = "solution"
+STUB = 'raise NotImplementedError("Exercise: write this part, then run the check cell below")'
 GRADER_CALL = re.compile(r"\b(check_\w+)\s*\(")
 
 
@@ -22,8 +23,8 @@ def is_check_cell(cell) -> bool:
 
 
 def is_exercise_cell(cell) -> bool:
-    """An exercise cell holds at least one `### BEGIN SOLUTION` region."""
-    return is_code(cell) and BEGIN_SOLUTION in cell.source
+    """An exercise cell holds a `### BEGIN SOLUTION` region (solutions) or its stub (lessons)."""
+    return is_code(cell) and (BEGIN_SOLUTION in cell.source or STUB in cell.source)
 
 
 def is_solution_only(cell) -> bool:

@@ -3,7 +3,9 @@
 `python -m course_lib check 3` runs lessons/03_*.ipynb under nbval and reports each check cell.
 """
 import argparse
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 
-from .cells import exercise_name, is_check_cell, is_code
+from .cells import exercise_name, is_check_cell, is_code, is_exercise_cell
 from .layout import find_course_root, find_lesson
 from .sanitize import write_sanitize_file
 
@@ -49,18 +51,34 @@ def run_nbval(notebook: Path, timeout_s: float = DEFAULT_TIMEOUT_S, sanitize_fil
                    "--nbval-sanitize-with", str(sanitize_file or write_sanitize_file(Path(scratch))),
                    "-p", "no:cacheprovider", "--noconftest", "--color=no", "-q",
                    "--rootdir", str(notebook.parent), f"--junitxml={report}", str(notebook)]
-        try:
-            finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                      cwd=notebook.parent)
-        except subprocess.TimeoutExpired:
+        output = run_with_deadline(command, notebook.parent, timeout_s)
+        if output is None:
             raise GradingRunError(f"{notebook.name} took over {timeout_s:g} s under nbval; "
-                                  f"look for a cell that hangs") from None
+                                  f"look for a cell that hangs")
         if not report.exists():
-            raise GradingRunError(f"nbval could not run {notebook.name}:\n"
-                                  f"{(finished.stdout + finished.stderr)[-2000:]}")
+            advice = ("nbval is not installed here: pip install nbval\n"
+                      if "unrecognized arguments: --nbval" in output else "")
+            raise GradingRunError(f"nbval could not run {notebook.name}:\n{advice}{output[-2000:]}")
         outcomes = read_junit(report)
     return [CellResult(index, cell, *outcomes.get(index, (False, "not run by nbval")))
             for index, cell in enumerate(code_cells)]
+
+
+def run_with_deadline(command, folder: Path, timeout_s: float):
+    """Run `command` in `folder`; its output, or None if it ran out of time. On timeout the whole
+    process group goes (pytest and the notebook's kernel), so no kernel outlives the grading."""
+    process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True,
+                               start_new_session=(os.name == "posix"))
+    try:
+        return process.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        if os.name == "posix":
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+        process.communicate()
+        return None
 
 
 def read_junit(report: Path) -> dict:
@@ -102,7 +120,8 @@ def report(results, notebook: Path) -> bool:
             name = exercise_name(result.cell)
             print(f"  {'PASS' if result.passed else 'FAIL'}  {name}")
         elif not result.passed:
-            print(f"  note  code cell {result.index} (not a check) failed:")
+            role = "exercise" if is_exercise_cell(result.cell) else "setup"
+            print(f"  note  {role} cell (code cell {result.index}) failed:")
         if not result.passed:
             print("\n".join("        " + line for line in result.message.splitlines()))
     solved = sum(result.passed for result in checks)

@@ -129,5 +129,9 @@ def run_solutions_main(argv) -> int:
               f"in {run.seconds:.1f} s", flush=True)
         if args.write and run.passed:
             nbformat.write(scrub_outputs(nb, root), path)
+            print(f"stored its outputs in {SOLUTIONS}/{path.name}; now run "
+                  f"`python -m course_lib build-lessons`", flush=True)
+        elif args.write:
+            print(f"left {SOLUTIONS}/{path.name} as it was, since it failed", flush=True)
     print_table(runs, device)
     return 0 if all(run.passed for run in runs) else 1
