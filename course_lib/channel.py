@@ -58,15 +58,19 @@ def read_exact(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def receive(fd: int):
-    """Blocking read of one message (used on the rank side); EOFError when the parent closed."""
+def receive_frame(fd: int) -> bytes:
+    """Blocking read of one frame (used on the rank side); EOFError when the launcher closed."""
     header = os.read(fd, _HEADER.size)
     if not header:
         raise EOFError("the launcher closed the control pipe")
     if len(header) < _HEADER.size:
         header += read_exact(fd, _HEADER.size - len(header))
     (size,) = _HEADER.unpack(header)
-    return pickle.loads(read_exact(fd, size))
+    return read_exact(fd, size)
+
+
+def receive(fd: int):
+    return pickle.loads(receive_frame(fd))
 
 
 class FrameBuffer:

@@ -12,7 +12,8 @@ PHASES = {
     "running": "in your function",
     "returning": "while sending the return value back",
     "exit": "",
-    "timeout": "still running when the timeout expired",
+    "timeout": "",
+    "hung": "",
 }
 
 
@@ -29,7 +30,7 @@ class RankFailure:
 
     def headline(self) -> str:
         where = PHASES.get(self.phase, self.phase)
-        return f"rank {self.rank} {where}: {self.summary}".replace(" : ", ": ")
+        return f"rank {self.rank} {where}: {self.summary}".replace("  ", " ")
 
 
 @dataclass(eq=False)  # exceptions must stay hashable
@@ -81,7 +82,9 @@ class DistributedRunError(RuntimeError):
             others = [f for f in self.failures.values() if f is not root]
             if others:
                 lines += ["", "Other ranks:"]
-                lines += [f"  {f.headline()}" for f in sorted(others, key=lambda f: f.rank)]
+                for failure in sorted(others, key=lambda f: f.rank):
+                    lines.append(f"  {failure.headline()}")
+                    lines += ["    " + line for line in failure.stack.rstrip().splitlines()]
             lines.append("")
         shown = {rank: out[-output_lines:] for rank, out in sorted(self.outputs.items()) if out}
         if shown:

@@ -5,7 +5,7 @@ Each rank gets torchrun's environment and a ready process group; failures come b
 import os
 import sys
 import warnings
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import cloudpickle
 
@@ -37,38 +37,50 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     """
     if not callable(fn):
         raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
-    if not isinstance(nprocs, int) or nprocs < 1:
-        raise ValueError(f"nprocs={nprocs!r}: need a whole number of processes, at least 1")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout={timeout!r}: give a number of seconds above 0, or None")
+    group, rendezvous = start_ranks(CallFunction(fn, args, kwargs), nprocs, backend, start_method,
+                                    output, init_process_group, timeout, who="launch")
+    finished = False
+    try:
+        replies = group.collect(timeout=timeout)
+        finished = True
+    finally:
+        # After success the ranks are exiting on their own; after a failure, stop them now.
+        group.stop(wait_for_exit=10.0 if finished else 0.0)
+        rendezvous.close()
+    return [replies[rank] for rank in range(nprocs)]
+
+
+def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional[str], output: str,
+                init_process_group: bool, pg_timeout_s: Optional[float],
+                who: str) -> Tuple[RankGroup, Rendezvous]:
+    """Check the request, choose backend and start method, say so in one line, start the ranks."""
+    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
+        raise ValueError(f"nprocs={nprocs!r}: need a whole number of processes, at least 1")
     relay = OutputRelay(output)
     backend, backend_why = env.choose_backend(nprocs, backend)
-    method, method_why = env.choose_start_method(start_method)
+    method, _ = env.choose_start_method(start_method)
     cores = env.cpu_cores()
     if nprocs > cores:
         warnings.warn(f"{nprocs} ranks on {cores} CPU cores: the ranks take turns on the cores, so "
-                      f"results are right but timings are not meaningful", RuntimeWarning, stacklevel=2)
-    job = CallFunction(fn, args, kwargs)
+                      f"results are right but timings are not meaningful", RuntimeWarning, stacklevel=3)
     job_bytes = None if method == "fork" else _pickle_job(job)
     if output != "none":
-        print(f"launch: {nprocs} rank{'s' if nprocs != 1 else ''}, backend {backend} ({backend_why}), "
+        print(f"{who}: {nprocs} rank{'s' if nprocs != 1 else ''}, backend {backend} ({backend_why}), "
               f"start method {method}", flush=True)
-    with Rendezvous(nprocs) as rendezvous:
-        specs = [RankSpec(rank=rank, world_size=nprocs, backend=backend, master_port=rendezvous.port,
-                          init_process_group=init_process_group,
-                          threads=env.threads_per_rank(nprocs, method), parent_pid=os.getpid(),
-                          env=rendezvous.environment(rank, method), sys_path=list(sys.path),
-                          job=job if method == "fork" else None, pg_timeout_s=timeout)
-                 for rank in range(nprocs)]
-        group = RankGroup(specs, method, relay, job_bytes)
-        finished = False
-        try:
-            replies = group.collect(timeout=timeout)
-            finished = True
-        finally:
-            # After success the ranks are exiting on their own; after a failure, stop them now.
-            group.stop(wait_for_exit=10.0 if finished else 0.0)
-    return [replies[rank] for rank in range(nprocs)]
+    rendezvous = Rendezvous(nprocs)
+    specs = [RankSpec(rank=rank, world_size=nprocs, backend=backend, master_port=rendezvous.port,
+                      init_process_group=init_process_group,
+                      threads=env.threads_per_rank(nprocs, method), parent_pid=os.getpid(),
+                      env=rendezvous.environment(rank, method), sys_path=list(sys.path),
+                      job=job if method == "fork" else None, pg_timeout_s=pg_timeout_s)
+             for rank in range(nprocs)]
+    try:
+        return RankGroup(specs, method, relay, job_bytes), rendezvous
+    except BaseException:
+        rendezvous.close()
+        raise
 
 
 def _pickle_job(job) -> bytes:

@@ -159,11 +159,13 @@ class RankGroup:
         except KeyError:
             return False
 
-    def collect(self, ranks=None, timeout: Optional[float] = None, failure_grace: float = 3.0):
+    def collect(self, ranks=None, timeout: Optional[float] = None, failure_grace: float = 3.0,
+                interrupted=lambda: False):
         """One message from each of `ranks`: {rank: value}; raises DistributedRunError otherwise.
 
         After the first failure the other ranks get `failure_grace` seconds to report their own
-        (they usually fail because of it); the root cause is the earliest.
+        (they usually fail because of it); ranks still busy then are shown with their stacks.
+        `interrupted()` is polled between reads: when true, KeyboardInterrupt is raised there.
         """
         ranks = [h.rank for h in self.handles] if ranks is None else list(ranks)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -183,14 +185,18 @@ class RankGroup:
             now = time.monotonic()
             if failures and first_failure is None:
                 first_failure = now
-            if len(replies) + len(failures) == len(ranks):
+            busy = [self.handles[r] for r in ranks if r not in replies and r not in failures]
+            if not busy:
                 break
             if first_failure is not None and now - first_failure > failure_grace:
+                self._add_stacks(busy, failures, f"still running {failure_grace:g} s after rank "
+                                 f"{min(failures)} failed", phase="hung")
                 break
             if deadline is not None and now > deadline:
-                hung = [self.handles[r] for r in ranks if r not in replies and r not in failures]
-                self._timeout_failures(hung, failures, timeout)
+                self._add_stacks(busy, failures, f"still running after {timeout:g} s", phase="timeout")
                 raise self.error(failures, timed_out=True)
+            if interrupted():
+                raise KeyboardInterrupt
             self.pump(0.05 if deadline is None else max(0.0, min(0.05, deadline - now)))
         if failures:
             raise self.error(failures)
@@ -200,25 +206,26 @@ class RankGroup:
         # A rank's DataLoader workers may hold its pipe open after it exits: wait briefly.
         return not self._open(handle, "messages") or time.monotonic() - handle.exited_at > 0.5
 
-    def _timeout_failures(self, hung, failures, timeout) -> None:
-        for handle in hung:
+    def _add_stacks(self, busy, failures, summary: str, phase: str) -> None:
+        """Ask each busy rank for its Python stacks (faulthandler, SIGUSR1) and record where it waits."""
+        for handle in busy:
             _signal(handle, signal.SIGUSR1)
-        # Wait until every hung rank's dump has arrived and stopped growing (3 s at most).
+        # Wait until every dump has arrived and stopped growing (3 s at most).
         end, last_sizes, stable_since = time.monotonic() + 3.0, None, time.monotonic()
         while time.monotonic() < end:
             self.pump(0.05)
-            sizes = [len(h.stacks) for h in hung]
+            sizes = [len(h.stacks) for h in busy]
             if sizes != last_sizes:
                 last_sizes, stable_since = sizes, time.monotonic()
             elif all(sizes) and time.monotonic() - stable_since > 0.2:
                 break
-        for handle in hung:
+        for handle in busy:
             stack = notebook_friendly(trim_stack_dump(handle.stacks.decode("utf-8", "replace")))
             handle.stacks.clear()
             waiting_in = _innermost_frame(stack)
-            summary = f"still running after {timeout:g} s" + (f", waiting in {waiting_in}" if waiting_in else "")
-            failures[handle.rank] = RankFailure(handle.rank, "timeout", summary, stack=stack,
-                                                waiting_in=waiting_in)
+            failures[handle.rank] = RankFailure(
+                handle.rank, phase, summary + (f", waiting in {waiting_in}" if waiting_in else ""),
+                when=time.time(), stack=stack, waiting_in=waiting_in)
 
     def error(self, failures, timed_out=False) -> DistributedRunError:
         self.relay.flush()

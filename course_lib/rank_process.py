@@ -171,7 +171,7 @@ def _destroy_process_group() -> None:
 
 
 INTERNAL_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-                  for name in ("rank_process.py", "rank_group.py", "launch.py", "session.py")}
+                  for name in ("rank_process.py", "rank_group.py", "launch.py", "session_rank.py")}
 
 
 def describe_current_exception(phase: str) -> dict:

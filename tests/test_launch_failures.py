@@ -49,7 +49,10 @@ def test_other_ranks_are_stopped_within_seconds_of_a_failure():
     start = time.monotonic()
     error = _error(one_fails_one_sleeps, timeout=200)
     assert time.monotonic() - start < 15
-    assert error.failed_ranks == [0]
+    assert error.root_cause.rank == 0
+    # the rank still busy is shown with where it was, then stopped
+    assert error.failures[1].phase == "hung" and "in one_fails_one_sleeps" in error.failures[1].stack
+    assert "still running 3 s after rank 0 failed" in str(error)
     assert process_is_gone(int(error.outputs[1][0]))
 
 

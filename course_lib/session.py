@@ -1,0 +1,163 @@
+"""`DistributedSession`: ranks that stay alive between cells, each keeping its own namespace.
+
+Build a model on every rank in one cell, wrap it in DDP in the next, look at gradients in a third.
+"""
+import atexit
+import contextlib
+import os
+import signal
+import threading
+import weakref
+from typing import Any, List, Optional
+
+from . import channel
+from .errors import DistributedRunError
+from .launch import start_ranks
+from .session_rank import CLOSE, SessionLoop
+
+_open_sessions = weakref.WeakSet()
+
+
+class DistributedSession:
+    """Persistent ranks with the process group initialised once.
+
+    >>> with DistributedSession(nprocs=2) as s:
+    ...     s.run("x = torch.ones(2) * (rank + 1); dist.all_reduce(x); x")
+    [tensor([3., 3.]), tensor([3., 3.])]
+
+    Every rank predefines ``rank``, ``world_size``, ``torch`` and ``dist``. An error on any rank
+    raises DistributedRunError and the session stays usable; past ``timeout``, or when a failure
+    leaves other ranks stuck, the ranks are restarted (their names are lost) and the session goes on.
+    """
+
+    def __init__(self, nprocs: int = 2, backend: Optional[str] = None, start_method: Optional[str] = None,
+                 output: str = "all", timeout: Optional[float] = None, startup_timeout: float = 120.0):
+        self.nprocs, self.backend, self.start_method = nprocs, backend, start_method
+        self.output, self.timeout, self.startup_timeout = output, timeout, startup_timeout
+        self._group = self._rendezvous = None
+        self._cells = 0
+        self._start()
+        _open_sessions.add(self)
+
+    # -- the public API ----------------------------------------------------------------------
+    def run(self, code_or_function, *args, timeout: Optional[float] = None, **kwargs) -> List[Any]:
+        """Run code (like a cell: returns each rank's last expression) or call a function on every rank."""
+        if isinstance(code_or_function, str):
+            self._cells += 1
+            command = ("exec", code_or_function, f"<distributed cell {self._cells}>")
+        elif callable(code_or_function):
+            command = ("call", code_or_function, args, kwargs)
+        else:
+            raise TypeError(f"run needs code (a str) or a function, got {type(code_or_function).__name__}")
+        return self._request(command, timeout)
+
+    def pull(self, name: str, timeout: Optional[float] = None) -> List[Any]:
+        """Every rank's value of `name`: [value on rank 0, value on rank 1, ...]."""
+        return self._request(("pull", name), timeout)
+
+    def push(self, timeout: Optional[float] = None, **values) -> None:
+        """Set names on every rank, e.g. ``s.push(lr=0.1, data=tensor)``."""
+        self._request(("push", values), timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._group is None
+
+    def close(self) -> None:
+        """Stop the ranks; the session cannot be used afterwards."""
+        if self._group is None:
+            return
+        for rank in range(self.nprocs):
+            with contextlib.suppress(OSError):
+                self._group.send(rank, CLOSE)
+        self._stop(wait_for_exit=5.0)
+        _open_sessions.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.nprocs} ranks"
+        return f"<DistributedSession {state}>"
+
+    # -- running commands ----------------------------------------------------------------------
+    def _start(self) -> None:
+        self._group, self._rendezvous = start_ranks(
+            SessionLoop(), self.nprocs, self.backend, self.start_method, self.output,
+            init_process_group=True, pg_timeout_s=None, who="session")
+        try:
+            self._group.collect(timeout=self.startup_timeout)  # every rank says "ready"
+        except BaseException:
+            self._stop()
+            raise
+
+    def _stop(self, wait_for_exit: float = 0.0) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.stop(wait_for_exit=wait_for_exit)
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
+
+    def _restart(self, why: str) -> None:
+        print(f"session: {why}; restarting the {self.nprocs} ranks: names defined on them are lost",
+              flush=True)
+        self._stop()
+        self._start()
+
+    def _request(self, command, timeout: Optional[float]) -> List[Any]:
+        if self._group is None:
+            raise RuntimeError("this DistributedSession is closed; start a new one")
+        try:
+            payload = channel.dumps(command)
+        except Exception as exc:
+            raise TypeError(f"could not send this to the ranks: {type(exc).__name__}: {exc}") from exc
+        for rank in range(self.nprocs):
+            self._group.send(rank, payload)
+        timeout = self.timeout if timeout is None else timeout
+        with _interrupts_deferred() as interrupted:
+            try:
+                replies = self._group.collect(timeout=timeout, interrupted=interrupted)
+            except DistributedRunError as error:
+                if error.timed_out or any(f.phase in ("hung", "exit") for f in error.failures.values()):
+                    self._restart("some ranks were stuck or gone")
+                raise
+            except KeyboardInterrupt:
+                self._interrupt_ranks()
+                raise
+        return [replies[rank] for rank in range(self.nprocs)]
+
+    def _interrupt_ranks(self, grace: float = 3.0) -> None:
+        """Interrupt the running command on every rank; restart ranks that do not stop in time."""
+        for handle in self._group.handles:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, signal.SIGINT)
+        try:
+            self._group.collect(timeout=grace, failure_grace=grace)
+        except DistributedRunError as error:
+            if error.timed_out or any(f.phase in ("hung", "exit") for f in error.failures.values()):
+                self._restart("ranks did not stop on the interrupt (blocked in a collective?)")
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Turn Ctrl-C into a flag that `collect` polls, so pipes are never left half-read."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag.is_set
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    try:
+        yield flag.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    for session in list(_open_sessions):
+        with contextlib.suppress(Exception):
+            session.close()

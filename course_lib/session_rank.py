@@ -1,0 +1,84 @@
+"""The rank side of a DistributedSession: keep a namespace and serve commands until closed.
+
+Commands run code like a notebook cell (the last expression's value is returned), call
+functions, and get or set names. A SIGINT interrupts the running command only.
+"""
+import ast
+import builtins
+import linecache
+import pickle
+import signal
+import time
+
+from . import channel
+from .rank_process import RankPipes, RankSpec, describe_current_exception
+
+
+CLOSE = b"close"  # a frame that is not a pickle: the session ends
+
+
+class SessionLoop:
+    def __call__(self, spec: RankSpec, pipes: RankPipes) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.namespace = {"__name__": "__main__", "__builtins__": builtins, "rank": spec.rank,
+                          "world_size": spec.world_size, "torch": torch, "dist": dist}
+        self.running = False
+        signal.signal(signal.SIGINT, self._on_interrupt)
+        channel.send(pipes.messages, ("ok", "ready"))
+        while True:
+            try:
+                frame = channel.receive_frame(pipes.control)
+            except EOFError:
+                return  # the launcher closed the session (or died)
+            if frame == CLOSE:
+                return
+            channel.write_frame(pipes.messages, self._reply(spec.rank, frame))
+
+    def _on_interrupt(self, signum, frame):
+        # Only a running command is interrupted; a late SIGINT that finds the rank idle is dropped.
+        if self.running:
+            raise KeyboardInterrupt
+
+    def _reply(self, rank: int, frame: bytes) -> bytes:
+        phase = "unpickling"
+        try:
+            command = pickle.loads(frame)
+            phase = "running"
+            self.running = True
+            try:
+                value = getattr(self, "_" + command[0])(*command[1:])
+            finally:
+                self.running = False
+        except BaseException:  # noqa: BLE001 - every error goes back to the notebook
+            self.running = False
+            return channel.dumps(("error", describe_current_exception(phase)))
+        try:
+            return channel.dumps(("ok", value))
+        except Exception as exc:  # noqa: BLE001
+            return channel.dumps(("error", {
+                "phase": "returning", "traceback": "", "when": time.time(),
+                "summary": f"TypeError: the {type(value).__name__} on rank {rank} cannot be pickled "
+                           f"({type(exc).__name__}: {exc}); return tensors, numbers, strings or containers of them"}))
+
+    def _exec(self, source: str, filename: str):
+        """Run source like a cell: statements, then the value of a final expression."""
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        tree = ast.parse(source, filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, filename, "exec"), self.namespace)
+        if last is not None:
+            return eval(compile(ast.Expression(last.value), filename, "eval"), self.namespace)
+        return None
+
+    def _call(self, fn, args, kwargs):
+        return fn(*args, **kwargs)
+
+    def _pull(self, name: str):
+        if name not in self.namespace:
+            raise NameError(f"name {name!r} is not defined on rank {self.namespace['rank']}")
+        return self.namespace[name]
+
+    def _push(self, values: dict):
+        self.namespace.update(values)
