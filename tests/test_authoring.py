@@ -109,6 +109,17 @@ def test_an_unexecuted_check_cell_stops_the_build_with_advice(course, capsys):
     assert "run-solutions --only 02 --write" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("outputs", [
+    [nbformat.v4.new_output("stream", name="stdout", text="launch: 2 ranks, gloo\n✓ x: passed\n")],
+    [nbformat.v4.new_output("stream", name="stdout", text="✓ x: passed\n"),
+     nbformat.v4.new_output("stream", name="stderr", text="UserWarning: slow\n")],
+], ids=["launch banner", "warning"])
+def test_a_check_cell_storing_more_than_grader_lines_stops_the_build(outputs):
+    cell = new_code_cell("# NBVAL_CHECK_OUTPUT\ncheck_x(x)", outputs=outputs, execution_count=1)
+    with pytest.raises(LessonBuildError, match="output='none'"):
+        build_lesson(new_notebook(cells=[cell]), "03_x.ipynb")
+
+
 # machine paths, sanitize rules, lesson lookup
 
 def test_scrub_removes_machine_paths(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 
+from ..checks import passed_line
 from .cells import (BEGIN_SOLUTION, END_SOLUTION, STUB, is_check_cell, is_code,
                     is_solution_only)
 from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root
@@ -55,13 +56,31 @@ def build_lesson(solution, name: str = "notebook", root: Path = Path(".")):
         cell.source = stub_regions(cell.source, where, markdown=not is_code(cell))
         cell.metadata.pop("execution", None)  # timestamps would make every build differ
         if is_check_cell(cell):
-            if not cell.outputs:
-                raise LessonBuildError(
-                    f"{where} is a check cell with no stored output; execute the solution first: "
-                    f"python -m course_lib run-solutions --only {name[:2]} --write")
+            require_grader_lines(cell, where, name)
         elif is_code(cell):
             cell.outputs, cell.execution_count = [], None
     return scrub_outputs(lesson, root)
+
+
+def require_grader_lines(cell, where: str, name: str) -> None:
+    """A check cell's stored output must be its graders' fixed lines and nothing else, or the
+    lesson would compare against output that varies (a launch banner, a warning, a timing)."""
+    if not cell.outputs:
+        raise LessonBuildError(f"{where} is a check cell with no stored output; execute the "
+                               f"solution first: python -m course_lib run-solutions "
+                               f"--only {name[:2]} --write")
+    texts = [output.get("text", "") for output in cell.outputs
+             if output.get("output_type") == "stream" and output.get("name") == "stdout"]
+    lines = "".join(texts).splitlines()
+    if len(texts) != len(cell.outputs) or not lines or not all(map(is_passed_line, lines)):
+        raise LessonBuildError(f"{where} is a check cell whose output is not only its graders' "
+                               f"'{passed_line('exercise')}' lines: {cell.outputs!r:.300}; print "
+                               f"nothing else there (launch graders' ranks with output='none')")
+
+
+def is_passed_line(line: str) -> bool:
+    prefix, suffix = passed_line("\0").split("\0")
+    return line.startswith(prefix) and line.endswith(suffix)
 
 
 def render(nb) -> bytes:

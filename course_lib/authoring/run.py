@@ -4,7 +4,6 @@ Instructors run it on GPU nodes before a class; `--write` stores the outputs (ma
 """
 import argparse
 import asyncio
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 
+from .. import env
 from .grade import ANSI_COLOR
 from .layout import SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs
@@ -83,11 +83,12 @@ def describe_device() -> str:
     """'2x NVIDIA H200 (nccl)' on GPUs, 'cpu x2 (gloo)' without: what the notebooks will use."""
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        names = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+    count = env.gpu_count()
+    if count:
+        names = [torch.cuda.get_device_name(index) for index in range(count)]
         groups = [f"{names.count(name)}x {name}" for name in dict.fromkeys(names)]
         return ", ".join(groups) + " (nccl)"
-    return f"cpu x{os.cpu_count()} (gloo)"
+    return f"cpu x{env.cpu_cores()} (gloo)"
 
 
 def print_table(runs, device: str) -> None:
