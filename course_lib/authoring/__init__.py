@@ -1,6 +1,12 @@
 """Authoring the course's notebooks: build lessons from solutions, grade them, execute them.
 
 The CLI's build-lessons, check and run-solutions commands call the three `*_main` functions.
+
+A maintainer's loop, from the course folder:
+    edit solutions/NN_topic.ipynb (solution code between `### BEGIN SOLUTION` / `### END SOLUTION`)
+    python -m course_lib run-solutions --only NN --write   # execute it, store outputs, no paths
+    python -m course_lib build-lessons                     # write lessons/NN_topic.ipynb
+    python -m pytest tests/test_notebooks.py               # solution passes, lesson fails, fresh
 """
 from .build import build_lessons_main
 from .grade import check_main

@@ -49,16 +49,19 @@ def stub_regions(source: str, where: str, markdown: bool = False) -> str:
 
 def build_lesson(solution, name: str = "notebook", root: Path = Path(".")):
     """The lesson made from a solution notebook (which is left unchanged)."""
-    lesson = copy.deepcopy(solution)
-    lesson.cells = [cell for cell in lesson.cells if not is_solution_only(cell)]
+    lesson, kept = copy.deepcopy(solution), []
     for index, cell in enumerate(lesson.cells):
-        where = f"{name} cell {index}"
+        if is_solution_only(cell):
+            continue
+        kept.append(cell)
+        where = f"{name} cell {index}"  # counted in the solution, where the author will look
         cell.source = stub_regions(cell.source, where, markdown=not is_code(cell))
         cell.metadata.pop("execution", None)  # timestamps would make every build differ
         if is_check_cell(cell):
             require_grader_lines(cell, where, name)
         elif is_code(cell):
             cell.outputs, cell.execution_count = [], None
+    lesson.cells = kept
     return scrub_outputs(lesson, root)
 
 

@@ -7,10 +7,11 @@ Conventions for lesson authors (tests/test_checks.py enforces them):
 - Lesson NN's graders live in ``course_lib/checks/lessonNN.py`` (two digits, e.g. ``lesson03.py``).
 - A grader is a function named ``check_<exercise>`` decorated with ``@grader("<exercise title>")``.
   Its body only asserts, through ``expect_equal`` / ``expect_close`` / ``expect`` (each raises
-  ``GradingError``); it prints nothing and returns nothing (a grader that launches ranks passes
-  ``output="none"``; build-lessons refuses a check cell whose output holds any other line). On success the decorator prints the
+  ``GradingError``); it prints nothing and returns nothing. On success the decorator prints the
   one fixed line ``✓ <exercise title>: passed``; a stub's ``NotImplementedError`` becomes a
   ``GradingError`` that tells the learner to fill in the exercise.
+- Nothing else may reach a check cell's output: a grader that launches ranks passes
+  ``output="none"``, and build-lessons refuses a check cell that stored any other line.
 - Every grader is rejected by at least two plausible wrong answers, declared in the module::
 
       WRONG_ANSWERS = {
@@ -30,8 +31,8 @@ Conventions for lesson authors (tests/test_checks.py enforces them):
 import functools
 from dataclasses import dataclass, field
 
-__all__ = ["GradingError", "grader", "passed", "passed_line", "expect", "expect_equal", "expect_close",
-           "wrong_answer", "WrongAnswer", "describe"]
+__all__ = ["GradingError", "grader", "passed", "passed_line", "expect", "expect_equal",
+           "expect_close", "wrong_answer", "WrongAnswer", "describe"]
 
 STUB_HINT = "replace the `raise NotImplementedError(...)` line in the exercise cell with your code"
 
