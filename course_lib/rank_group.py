@@ -6,50 +6,15 @@ import os
 import pickle
 import selectors
 import signal
-import subprocess
-import sys
-import threading
 import time
-import warnings
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from . import channel
 from .errors import DistributedRunError, RankFailure
 from .output import OutputRelay
-from .rank_process import RankPipes, RankSpec, notebook_friendly, run_rank, trim_stack_dump
-
-STREAMS = ("stdout", "stderr", "messages", "stacks")
-
-
-@dataclass(eq=False)
-class RankHandle:
-    rank: int
-    pid: int
-    fds: Dict[str, int]                      # the launcher's ends: STREAMS and "control"
-    popen: Optional[subprocess.Popen] = None
-    returncode: Optional[int] = None         # negative: killed by that signal
-    exited_at: float = 0.0
-    frames: channel.FrameBuffer = field(default_factory=channel.FrameBuffer)
-    messages: deque = field(default_factory=deque)
-    stacks: bytearray = field(default_factory=bytearray)
-    pidfd: Optional[int] = None
-
-    @property
-    def alive(self) -> bool:
-        return self.returncode is None
-
-    def poll(self) -> None:
-        if self.returncode is not None:
-            return
-        if self.popen is not None:
-            code = self.popen.poll()
-        else:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            code = os.waitstatus_to_exitcode(status) if pid else None
-        if code is not None:
-            self.returncode, self.exited_at = code, time.monotonic()
+from .rank_process import RankSpec
+from .rank_start import STREAMS, RankHandle, close_all, fork_rank, spawn_rank
+from .tracebacks import innermost_frame, notebook_friendly, trim_stack_dump
 
 
 class RankGroup:
@@ -59,66 +24,15 @@ class RankGroup:
         self.relay = relay
         self.handles: List[RankHandle] = []
         self.selector = selectors.DefaultSelector()
-        self._writers = []
         try:
             for spec in specs:
-                handle = (self._fork if start_method == "fork" else self._spawn)(spec, job_bytes)
+                handle = (fork_rank(spec, self.handles) if start_method == "fork"
+                          else spawn_rank(spec, job_bytes))
                 self.handles.append(handle)
                 self._watch(handle)
         except BaseException:
             self.stop()
             raise
-
-    # -- starting ------------------------------------------------------------------------------
-    def _pipes(self):
-        ends = {name: os.pipe() for name in STREAMS + ("control",)}
-        ours = {name: (w if name == "control" else r) for name, (r, w) in ends.items()}
-        theirs = RankPipes(stdout=ends["stdout"][1], stderr=ends["stderr"][1],
-                           messages=ends["messages"][1], control=ends["control"][0],
-                           stacks=ends["stacks"][1])
-        return ours, theirs
-
-    def _fork(self, spec: RankSpec, job_bytes) -> RankHandle:
-        ours, theirs = self._pipes()
-        inherited = [fd for h in self.handles for fd in h.fds.values()] + list(ours.values())
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        with warnings.catch_warnings():
-            # Python 3.12+ warns about fork in a threaded process (Jupyter always is): the rank
-            # only touches fresh pipes and its own objects, never the kernel's locks.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
-            try:
-                for fd in inherited:
-                    os.close(fd)
-                run_rank(spec, theirs, forked=True)
-            finally:
-                os._exit(70)
-        _close_all(vars(theirs).values())
-        return RankHandle(spec.rank, pid, ours, pidfd=_pidfd(pid))
-
-    def _spawn(self, spec: RankSpec, job_bytes: bytes) -> RankHandle:
-        ours, theirs = self._pipes()
-        env = dict(os.environ, **spec.env)
-        env["COURSE_LIB_RANK_FDS"] = f"{theirs.messages},{theirs.control},{theirs.stacks}"
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-c", "from course_lib.rank_process import spawned_main; spawned_main()"], stdin=subprocess.DEVNULL,
-                stdout=theirs.stdout, stderr=theirs.stderr, env=env, start_new_session=True,
-                pass_fds=(theirs.messages, theirs.control, theirs.stacks))
-        finally:
-            _close_all(vars(theirs).values())
-        handle = RankHandle(spec.rank, popen.pid, ours, popen=popen, pidfd=_pidfd(popen.pid))
-        # Write in the background: the rank may print before it reads, and we must keep reading.
-        spec_bytes = channel.dumps(spec)
-        writer = threading.Thread(target=_write_frames, args=(ours["control"], [spec_bytes, job_bytes]),
-                                  daemon=True, name=f"course_lib-rank{spec.rank}-writer")
-        writer.start()
-        self._writers.append(writer)
-        return handle
 
     def _watch(self, handle: RankHandle) -> None:
         for name in STREAMS:
@@ -222,7 +136,7 @@ class RankGroup:
         for handle in busy:
             stack = notebook_friendly(trim_stack_dump(handle.stacks.decode("utf-8", "replace")))
             handle.stacks.clear()
-            waiting_in = _innermost_frame(stack)
+            waiting_in = innermost_frame(stack)
             failures[handle.rank] = RankFailure(
                 handle.rank, phase, summary + (f", waiting in {waiting_in}" if waiting_in else ""),
                 when=time.time(), stack=stack, waiting_in=waiting_in)
@@ -274,12 +188,12 @@ class RankGroup:
             self.selector.unregister(key.fd)
         self.selector.close()
         for handle in self.handles:
-            _close_all(list(handle.fds.values()) + ([handle.pidfd] if handle.pidfd is not None else []))
+            close_all(list(handle.fds.values()) + ([handle.pidfd] if handle.pidfd is not None else []))
             handle.fds, handle.pidfd = {}, None
             if handle.popen is not None:
                 handle.popen.returncode = handle.returncode
-        for writer in self._writers:
-            writer.join(timeout=1)
+            if handle.writer is not None:
+                handle.writer.join(timeout=1)
 
 
 def _decode(rank: int, frame: bytes):
@@ -304,22 +218,6 @@ def _exit_failure(handle: RankHandle) -> RankFailure:
     return RankFailure(handle.rank, "exit", summary, when=time.time(), exitcode=code)
 
 
-def _innermost_frame(stack: str) -> str:
-    """'all_reduce (distributed_c10d.py:2950)' from faulthandler's dump of the current thread."""
-    blocks = stack.split("\n\n")
-    block = next((b for b in blocks if b.lstrip().startswith("Current thread")), blocks[0] if blocks else "")
-    for line in block.splitlines():
-        line = line.strip()
-        if line.startswith("File ") and " in " in line:
-            location, function = line.rsplit(" in ", 1)
-            if function in ("wrapper", "_fn", "inner"):
-                continue
-            filename = location.split('"')[1].rsplit("/", 1)[-1] if '"' in location else location
-            line_no = location.rsplit("line ", 1)[-1].strip(", ")
-            return f"{function} ({filename}:{line_no})"
-    return ""
-
-
 def _signal(handle: RankHandle, sig: int) -> None:
     for kill, target in ((os.killpg, handle.pid), (os.kill, handle.pid)):
         try:
@@ -329,25 +227,3 @@ def _signal(handle: RankHandle, sig: int) -> None:
             continue
 
 
-def _pidfd(pid: int) -> Optional[int]:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _write_frames(fd: int, frames) -> None:
-    try:
-        for frame in frames:
-            if frame is not None:
-                channel.write_frame(fd, frame)
-    except OSError:
-        pass  # the rank died before reading: its exit is reported instead
-
-
-def _close_all(fds) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass

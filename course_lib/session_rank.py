@@ -11,7 +11,8 @@ import signal
 import time
 
 from . import channel
-from .rank_process import RankPipes, RankSpec, describe_current_exception
+from .rank_process import RankPipes, RankSpec
+from .tracebacks import describe_current_exception
 
 
 CLOSE = b"close"  # a frame that is not a pickle: the session ends

@@ -1,0 +1,125 @@
+"""Starting one rank process, by fork or by spawn, with its five pipes to the launcher.
+
+`RankHandle` is the launcher's end of a started rank: its pid, its pipes, its exit status.
+"""
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from . import channel
+from .rank_process import RankPipes, RankSpec, run_rank
+
+STREAMS = ("stdout", "stderr", "messages", "stacks")
+
+
+@dataclass(eq=False)
+class RankHandle:
+    rank: int
+    pid: int
+    fds: Dict[str, int]                      # the launcher's ends: STREAMS and "control"
+    popen: Optional[subprocess.Popen] = None
+    returncode: Optional[int] = None         # negative: killed by that signal
+    exited_at: float = 0.0
+    frames: channel.FrameBuffer = field(default_factory=channel.FrameBuffer)
+    messages: deque = field(default_factory=deque)
+    stacks: bytearray = field(default_factory=bytearray)
+    pidfd: Optional[int] = None
+    writer: Optional[threading.Thread] = None  # spawn: sends the spec and job in the background
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+    def poll(self) -> None:
+        if self.returncode is not None:
+            return
+        if self.popen is not None:
+            code = self.popen.poll()
+        else:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            code = os.waitstatus_to_exitcode(status) if pid else None
+        if code is not None:
+            self.returncode, self.exited_at = code, time.monotonic()
+
+
+def _pipes():
+    ends = {name: os.pipe() for name in STREAMS + ("control",)}
+    ours = {name: (w if name == "control" else r) for name, (r, w) in ends.items()}
+    theirs = RankPipes(stdout=ends["stdout"][1], stderr=ends["stderr"][1],
+                       messages=ends["messages"][1], control=ends["control"][0],
+                       stacks=ends["stacks"][1])
+    return ours, theirs
+
+
+def fork_rank(spec: RankSpec, started: List[RankHandle]) -> RankHandle:
+    """Fork a rank; `started` are the ranks before it, whose pipes the child must not keep."""
+    ours, theirs = _pipes()
+    inherited = [fd for h in started for fd in h.fds.values()] + list(ours.values())
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about fork in a threaded process (Jupyter always is): the rank
+        # only touches fresh pipes and its own objects, never the kernel's locks.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in inherited:
+                os.close(fd)
+            run_rank(spec, theirs, forked=True)
+        finally:
+            os._exit(70)
+    close_all(vars(theirs).values())
+    return RankHandle(spec.rank, pid, ours, pidfd=_pidfd(pid))
+
+def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
+    """Start a fresh interpreter; its spec and job follow on the control pipe."""
+    ours, theirs = _pipes()
+    env = dict(os.environ, **spec.env)
+    env["COURSE_LIB_RANK_FDS"] = f"{theirs.messages},{theirs.control},{theirs.stacks}"
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-c", "from course_lib.rank_process import spawned_main; spawned_main()"], stdin=subprocess.DEVNULL,
+            stdout=theirs.stdout, stderr=theirs.stderr, env=env, start_new_session=True,
+            pass_fds=(theirs.messages, theirs.control, theirs.stacks))
+    finally:
+        close_all(vars(theirs).values())
+    handle = RankHandle(spec.rank, popen.pid, ours, popen=popen, pidfd=_pidfd(popen.pid))
+    # Write in the background: the rank may print before it reads, and we must keep reading.
+    spec_bytes = channel.dumps(spec)
+    writer = threading.Thread(target=_write_frames, args=(ours["control"], [spec_bytes, job_bytes]),
+                              daemon=True, name=f"course_lib-rank{spec.rank}-writer")
+    writer.start()
+    handle.writer = writer
+    return handle
+
+def _pidfd(pid: int) -> Optional[int]:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _write_frames(fd: int, frames) -> None:
+    try:
+        for frame in frames:
+            if frame is not None:
+                channel.write_frame(fd, frame)
+    except OSError:
+        pass  # the rank died before reading: its exit is reported instead
+
+
+def close_all(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
