@@ -28,8 +28,9 @@ def _torch_findings() -> List[Finding]:
     import torch.distributed as dist
 
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    needed = ".".join(map(str, MIN_TORCH))
     found = [Finding("torch", torch.__version__,
-                     "ok" if version >= MIN_TORCH else f"FAIL: the course needs torch>={'.'.join(map(str, MIN_TORCH))}")]
+                     "ok" if version >= MIN_TORCH else f"FAIL: the course needs torch>={needed}")]
     gpus = env.gpu_count()
     if gpus:
         for index in range(gpus):

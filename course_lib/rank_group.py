@@ -225,5 +225,3 @@ def _signal(handle: RankHandle, sig: int) -> None:
             return
         except (ProcessLookupError, PermissionError):
             continue
-
-

@@ -16,6 +16,7 @@ from . import channel
 from .rank_process import RankPipes, RankSpec, run_rank
 
 STREAMS = ("stdout", "stderr", "messages", "stacks")
+SPAWNED_MAIN = "from course_lib.rank_process import spawned_main; spawned_main()"
 
 
 @dataclass(eq=False)
@@ -78,6 +79,7 @@ def fork_rank(spec: RankSpec, started: List[RankHandle]) -> RankHandle:
     close_all(vars(theirs).values())
     return RankHandle(spec.rank, pid, ours, pidfd=_pidfd(pid))
 
+
 def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
     """Start a fresh interpreter; its spec and job follow on the control pipe."""
     ours, theirs = _pipes()
@@ -87,8 +89,7 @@ def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-c", "from course_lib.rank_process import spawned_main; spawned_main()"], stdin=subprocess.DEVNULL,
-            stdout=theirs.stdout, stderr=theirs.stderr, env=env, start_new_session=True,
+            [sys.executable, "-c", SPAWNED_MAIN], stdin=subprocess.DEVNULL, stdout=theirs.stdout, stderr=theirs.stderr, env=env, start_new_session=True,
             pass_fds=(theirs.messages, theirs.control, theirs.stacks))
     finally:
         close_all(vars(theirs).values())
@@ -100,6 +101,7 @@ def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
     writer.start()
     handle.writer = writer
     return handle
+
 
 def _pidfd(pid: int) -> Optional[int]:
     try:
