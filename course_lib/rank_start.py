@@ -89,7 +89,8 @@ def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-c", SPAWNED_MAIN], stdin=subprocess.DEVNULL, stdout=theirs.stdout, stderr=theirs.stderr, env=env, start_new_session=True,
+            [sys.executable, "-c", SPAWNED_MAIN], stdin=subprocess.DEVNULL, stdout=theirs.stdout,
+            stderr=theirs.stderr, env=env, start_new_session=True,
             pass_fds=(theirs.messages, theirs.control, theirs.stacks))
     finally:
         close_all(vars(theirs).values())
