@@ -1,0 +1,73 @@
+"""Mixed precision for the trainer: autocast, the fp16 GradScaler, and the errors that guard them.
+
+fp16 needs CUDA and a GradScaler (unscale before clipping, overflowed steps skipped); bf16 needs neither.
+"""
+from contextlib import nullcontext
+
+import torch
+
+AMP_MODES = (None, "fp16", "bf16")
+
+
+class Precision:
+    """What the loop calls around forward, backward and the optimizer step for one `amp` mode."""
+
+    def __init__(self, amp, device: torch.device, model: torch.nn.Module):
+        if amp not in AMP_MODES:
+            raise ValueError(f"amp={amp!r} is not one of {AMP_MODES}")
+        self.amp = amp
+        self.device_type = device.type
+        self.skipped_steps = 0
+        self.scaler = None
+        if amp == "fp16":
+            _check_fp16(device, model)
+            self.scaler = torch.amp.GradScaler("cuda")
+
+    def autocast(self):
+        if self.amp is None:
+            return nullcontext()
+        dtype = torch.float16 if self.amp == "fp16" else torch.bfloat16
+        return torch.autocast(device_type=self.device_type, dtype=dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self, optimizer, parameters, grad_clip_norm) -> bool:
+        """Clip (on true, unscaled gradients) and step; False when fp16 overflowed and the step was skipped."""
+        if self.scaler is None:
+            if grad_clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(parameters, grad_clip_norm)
+            optimizer.step()
+            return True
+        if grad_clip_norm is not None:
+            self.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(parameters, grad_clip_norm)
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        # The scaler lowers its scale exactly when it found inf/NaN gradients and skipped the step.
+        stepped = self.scaler.get_scale() >= scale_before
+        self.skipped_steps += 0 if stepped else 1
+        return stepped
+
+    def state_dict(self) -> dict:
+        scaler = self.scaler.state_dict() if self.scaler else None
+        return {"scaler": scaler, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = state.get("skipped_steps", 0)
+
+
+def _check_fp16(device: torch.device, model: torch.nn.Module) -> None:
+    if device.type != "cuda":
+        raise ValueError(
+            f"amp='fp16' needs a CUDA device (its GradScaler runs on CUDA), but the model is on "
+            f"{device}; use amp='bf16' on CPU, or amp=None")
+    half = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)})
+    if half:
+        raise ValueError(
+            f"amp='fp16' uses a GradScaler, which cannot unscale {', '.join(half)} gradients "
+            f"(torch fails inside unscale_); keep the parameters in float32 (model.float()) "
+            f"and let autocast lower the precision, or use amp='bf16' which needs no scaler")

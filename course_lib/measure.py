@@ -1,0 +1,63 @@
+"""Measuring a training run: time per phase of a step, and peak memory per device.
+
+On CUDA the phases are timed with CUDA events (no synchronisation per step); on CPU with the wall clock.
+"""
+import resource
+import sys
+import time
+
+import torch
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+class PhaseTimer:
+    """Splits a step into consecutive laps: `start()`, then `lap("data")`, `lap("forward")`, ..."""
+
+    def __init__(self, device: torch.device):
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.on_cuda = device.type == "cuda"
+        self._last = None
+        self._pending = []  # (phase, start_event, end_event) not yet read back from the GPU
+
+    def _now(self):
+        if not self.on_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self._last = self._now()
+
+    def lap(self, phase: str) -> None:
+        now = self._now()
+        if self.on_cuda:
+            self._pending.append((phase, self._last, now))
+            if len(self._pending) >= 4096:
+                self.flush()
+        else:
+            self.totals[phase] += now - self._last
+        self._last = now
+
+    def flush(self) -> dict:
+        """Read back pending CUDA timings (one synchronisation); returns seconds per phase."""
+        if self._pending:
+            self._pending[-1][2].synchronize()
+            for phase, begin, end in self._pending:
+                self.totals[phase] += begin.elapsed_time(end) / 1000.0
+            self._pending.clear()
+        return dict(self.totals)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak CUDA memory allocated on `device`; on CPU, the process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS reports bytes, Linux KiB
