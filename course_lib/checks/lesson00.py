@@ -1,0 +1,84 @@
+"""Graders for lesson 00 (welcome): what a rank knows about itself, and where its output goes."""
+import os
+
+import torch.distributed as dist
+
+from . import expect, expect_equal, grader, wrong_answer
+
+LAUNCH_TIMEOUT_S = 60
+
+
+def _launch_whoami(whoami, nprocs: int) -> list:
+    from ..launch import DistributedRunError, launch
+
+    try:
+        results = launch(whoami, nprocs=nprocs, timeout=LAUNCH_TIMEOUT_S, output="none")
+    except DistributedRunError as error:
+        if "NotImplementedError" in str(error):
+            raise NotImplementedError("whoami") from None
+        lines = str(error).strip().splitlines()
+        cause = next((line.strip() for line in lines if line.strip().startswith("Root cause")),
+                     lines[0] if lines else "")
+        expect(False, f"launch(whoami, nprocs={nprocs})", "every rank to return a result",
+               cause, "fix the error whoami raised in its rank; run it yourself with "
+               "launch(whoami, nprocs=2, timeout=60) to see the whole traceback")
+    return [tuple(result) if isinstance(result, list) else result for result in results]
+
+
+@grader("who am I")
+def check_whoami(whoami):
+    for nprocs in (2, 1):
+        expect_equal(_launch_whoami(whoami, nprocs), [(rank, nprocs) for rank in range(nprocs)],
+                     f"launch(whoami, nprocs={nprocs})",
+                     hint="return the tuple (dist.get_rank(), dist.get_world_size()): two ints, "
+                          "asked from the process group, not written down")
+
+
+@grader("where output goes")
+def check_where_output_goes(predicted_lines, predicted_results, predicted_total):
+    expect_equal(list(predicted_lines), ["[rank0] rank 0 has total 1"], "predicted_lines",
+                 hint="output='rank0' shows rank 0's lines only, each labelled [rank0]")
+    expect_equal(list(predicted_results), [1, 2], "predicted_results",
+                 hint="launch returns what every rank returned, in rank order, whatever `output` "
+                      "shows; and each rank adds to its own copy of `total`")
+    expect_equal(predicted_total, 0, "predicted_total",
+                 hint="each rank is a separate process with its own memory: what a rank changes "
+                      "never reaches the notebook's variables")
+
+
+# Plausible mistakes, each run as a real rank by the tests.
+
+def whoami_hard_coded():
+    return (0, 2)
+
+
+def whoami_from_environment():
+    return (os.environ["RANK"], os.environ["WORLD_SIZE"])
+
+
+def whoami_swapped():
+    return (dist.get_world_size(), dist.get_rank())
+
+
+def whoami_rank_and_hard_coded_world():
+    return (dist.get_rank(), 2)
+
+
+RIGHT_LINES = ["[rank0] rank 0 has total 1"]
+
+WRONG_ANSWERS = {
+    check_whoami: [
+        wrong_answer("hard-codes rank 0 of 2", whoami_hard_coded),
+        wrong_answer("returns the environment's strings, not ints", whoami_from_environment),
+        wrong_answer("swaps rank and world_size", whoami_swapped),
+        wrong_answer("asks the rank but hard-codes world_size 2", whoami_rank_and_hard_coded_world),
+    ],
+    check_where_output_goes: [
+        wrong_answer("expects rank 1's line too",
+                     ["[rank0] rank 0 has total 1", "[rank1] rank 1 has total 2"], [1, 2], 0),
+        wrong_answer("forgets the rank label", ["rank 0 has total 1"], [1, 2], 0),
+        wrong_answer("expects only rank 0's result", RIGHT_LINES, [1], 0),
+        wrong_answer("thinks the ranks share `total`", RIGHT_LINES, [1, 3], 0),
+        wrong_answer("thinks the notebook's `total` changed", RIGHT_LINES, [1, 2], 3),
+    ],
+}
