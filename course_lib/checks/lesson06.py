@@ -181,83 +181,25 @@ def check_amp_step(amp_step):
                                 "the weights after a step that needs no clipping")
 
 
-def _amp_step_clips_before_unscale(model, optimizer, scaler, X, y, max_norm):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-        loss = F.cross_entropy(model(X), y)
-    scaler.scale(loss).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return loss.item()
+def _amp_step_variant(autocast=True, zero_grad=True, scale=True, unscale=True,
+                      scaler_step=True, update=True, return_scaled=False):
+    """reference_amp_step with one part missing or done wrong: a wrong answer."""
+    def amp_step(model, optimizer, scaler, X, y, max_norm):
+        if zero_grad:
+            optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=X.device.type, dtype=torch.float16, enabled=autocast):
+            loss = F.cross_entropy(model(X), y)
+        scaled = scaler.scale(loss) if scale else loss
+        scaled.backward()
+        if unscale:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer) if scaler_step else optimizer.step()
+        if update:
+            scaler.update()
+        return (scaled if return_scaled else loss).item()
 
-
-def _amp_step_without_scaler(model, optimizer, scaler, X, y, max_norm):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-        loss = F.cross_entropy(model(X), y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
-    return loss.item()
-
-
-def _amp_step_without_update(model, optimizer, scaler, X, y, max_norm):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-        loss = F.cross_entropy(model(X), y)
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    return loss.item()
-
-
-def _amp_step_with_optimizer_step(model, optimizer, scaler, X, y, max_norm):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-        loss = F.cross_entropy(model(X), y)
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
-    scaler.update()
-    return loss.item()
-
-
-def _amp_step_without_autocast(model, optimizer, scaler, X, y, max_norm):
-    optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(X), y)
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return loss.item()
-
-
-def _amp_step_without_zero_grad(model, optimizer, scaler, X, y, max_norm):
-    with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-        loss = F.cross_entropy(model(X), y)
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return loss.item()
-
-
-def _amp_step_returns_scaled_loss(model, optimizer, scaler, X, y, max_norm):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-        loss = F.cross_entropy(model(X), y)
-    scaled = scaler.scale(loss)
-    scaled.backward()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return scaled.item()
+    return amp_step
 
 
 # Exercise 3: one optimizer step over several micro-batches, with a scaler.
@@ -323,34 +265,25 @@ def _accumulation_steps_every_micro_batch(model, optimizer, scaler, micro_batche
     return total
 
 
-def _accumulation_without_dividing(model, optimizer, scaler, micro_batches, max_norm):
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for X, y in micro_batches:
-        with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-            loss = F.cross_entropy(model(X), y)
-        scaler.scale(loss).backward()
-        total += loss.item() / len(micro_batches)
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return total
+def _accumulation_variant(divide=True, zero_every_micro_batch=False):
+    """reference_amp_accumulation_step with one mistake: a wrong answer."""
+    def amp_accumulation_step(model, optimizer, scaler, micro_batches, max_norm):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for X, y in micro_batches:
+            if zero_every_micro_batch:
+                optimizer.zero_grad(set_to_none=True)  # wipes the micro-batches before this one
+            with torch.autocast(device_type=X.device.type, dtype=torch.float16):
+                loss = F.cross_entropy(model(X), y) / (len(micro_batches) if divide else 1)
+            scaler.scale(loss).backward()
+            total += loss.item() / (1 if divide else len(micro_batches))
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return total
 
-
-def _accumulation_zeroing_every_micro_batch(model, optimizer, scaler, micro_batches, max_norm):
-    total = 0.0
-    for X, y in micro_batches:
-        optimizer.zero_grad(set_to_none=True)  # wipes the micro-batches before this one
-        with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-            loss = F.cross_entropy(model(X), y) / len(micro_batches)
-        scaler.scale(loss).backward()
-        total += loss.item()
-    scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return total
+    return amp_accumulation_step
 
 
 WRONG_ANSWERS = {
@@ -361,19 +294,20 @@ WRONG_ANSWERS = {
         wrong_answer("uses bfloat16 instead of float16", _round_trip_in_bfloat16),
     ],
     check_amp_step: [
-        wrong_answer("clips before unscale_", _amp_step_clips_before_unscale),
-        wrong_answer("no scaler: plain backward and optimizer.step", _amp_step_without_scaler),
-        wrong_answer("forgets scaler.update()", _amp_step_without_update),
-        wrong_answer("optimizer.step() instead of scaler.step()", _amp_step_with_optimizer_step),
-        wrong_answer("no autocast", _amp_step_without_autocast),
-        wrong_answer("never zeroes the gradients", _amp_step_without_zero_grad),
-        wrong_answer("returns the scaled loss", _amp_step_returns_scaled_loss),
+        wrong_answer("clips before unscale_", _amp_step_variant(unscale=False)),
+        wrong_answer("no scaler: plain backward and optimizer.step",
+                     _amp_step_variant(scale=False, unscale=False, scaler_step=False, update=False)),
+        wrong_answer("forgets scaler.update()", _amp_step_variant(update=False)),
+        wrong_answer("optimizer.step() instead of scaler.step()", _amp_step_variant(scaler_step=False)),
+        wrong_answer("no autocast", _amp_step_variant(autocast=False)),
+        wrong_answer("never zeroes the gradients", _amp_step_variant(zero_grad=False)),
+        wrong_answer("returns the scaled loss", _amp_step_variant(return_scaled=True)),
     ],
     check_amp_accumulation_step: [
         wrong_answer("steps after every micro-batch", _accumulation_steps_every_micro_batch),
         wrong_answer("does not divide the loss by the micro-batch count",
-                     _accumulation_without_dividing),
+                     _accumulation_variant(divide=False)),
         wrong_answer("zeroes the gradients before every micro-batch",
-                     _accumulation_zeroing_every_micro_batch),
+                     _accumulation_variant(zero_every_micro_batch=True)),
     ],
 }
