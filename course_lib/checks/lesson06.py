@@ -296,9 +296,11 @@ WRONG_ANSWERS = {
     check_amp_step: [
         wrong_answer("clips before unscale_", _amp_step_variant(unscale=False)),
         wrong_answer("no scaler: plain backward and optimizer.step",
-                     _amp_step_variant(scale=False, unscale=False, scaler_step=False, update=False)),
+                     _amp_step_variant(scale=False, unscale=False, scaler_step=False,
+                                       update=False)),
         wrong_answer("forgets scaler.update()", _amp_step_variant(update=False)),
-        wrong_answer("optimizer.step() instead of scaler.step()", _amp_step_variant(scaler_step=False)),
+        wrong_answer("optimizer.step() instead of scaler.step()",
+                     _amp_step_variant(scaler_step=False)),
         wrong_answer("no autocast", _amp_step_variant(autocast=False)),
         wrong_answer("never zeroes the gradients", _amp_step_variant(zero_grad=False)),
         wrong_answer("returns the scaled loss", _amp_step_variant(return_scaled=True)),
