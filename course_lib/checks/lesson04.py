@@ -1,0 +1,323 @@
+"""Graders for lesson 04, the DDP flow: the broadcast at construction, DDP by hand, and the
+indices DistributedSampler deals each rank. The distributed graders run your function on 2 ranks.
+"""
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector
+
+from . import GradingError, expect, expect_equal, grader, wrong_answer
+from ..data import make_dataset
+from ..models import make_model
+
+WORLD_SIZE = 2
+LAUNCH_TIMEOUT_S = 90
+BROADCAST_SEED = 100         # rank r builds make_model(seed=BROADCAST_SEED + r)
+STEPS, GLOBAL_BATCH_SIZE, LR = 4, 32, 0.5
+SAME_COLLECTIVES = ("every rank must call the same collectives, in the same order, with tensors "
+                    "of the same shape")
+
+
+def run_on_ranks(fn, *args, what: str):
+    """fn(*args) on WORLD_SIZE gloo ranks, quietly; a failure becomes a GradingError (or, when
+    the learner's stub raised, NotImplementedError, which @grader turns into advice)."""
+    from ..errors import DistributedRunError
+    from ..launch import launch
+
+    try:
+        with warnings.catch_warnings():  # e.g. "2 ranks on 1 CPU core" must not reach the check cell
+            warnings.simplefilter("ignore")
+            return launch(fn, *args, nprocs=WORLD_SIZE, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
+                          output="none")
+    except DistributedRunError as error:
+        if error.timed_out:
+            waiting = sorted({failure.waiting_in for failure in error.failures.values()} - {""})
+            raise GradingError(what, f"both ranks to finish within {LAUNCH_TIMEOUT_S} s",
+                               "the ranks hung" + (f" (waiting in {', '.join(waiting)})" if waiting else ""),
+                               SAME_COLLECTIVES) from None
+        cause = error.root_cause
+        if cause.summary.startswith("NotImplementedError"):
+            raise NotImplementedError(cause.summary.partition(": ")[2]) from None
+        raise GradingError(what, f"your function to run on {WORLD_SIZE} ranks", cause.headline(),
+                           "run the cell that defines it, and try it on one batch first") from None
+
+
+# -- exercise 1: the broadcast at construction ---------------------------------------------------
+
+def _broadcast_on_rank(broadcast_parameters):
+    model = make_model(seed=BROADCAST_SEED + dist.get_rank())
+    broadcast_parameters(model)
+    return parameters_to_vector(model.parameters()).detach().clone()
+
+
+@grader("broadcast the parameters")
+def check_broadcast_parameters(broadcast_parameters):
+    what = "broadcast_parameters(model) on 2 ranks"
+    results = run_on_ranks(_broadcast_on_rank, broadcast_parameters, what=what)
+    rank0_initial = parameters_to_vector(make_model(seed=BROADCAST_SEED).parameters()).detach()
+    ranks_agree = torch.equal(results[0], results[1])
+    for rank, got in enumerate(results):
+        if torch.equal(got, rank0_initial):
+            continue
+        if ranks_agree:
+            hint = ("the ranks agree, but not on rank 0's weights: averaging (all_reduce) is not "
+                    "what DDP does; copy rank 0's tensors with dist.broadcast(tensor, src=0)")
+        elif rank == 0:
+            hint = "rank 0 must keep its own weights: it is the source of the broadcast (src=0)"
+        else:
+            copied = [torch.equal(mine, theirs.detach()) for mine, theirs in
+                      zip(_split_like(got), make_model(seed=BROADCAST_SEED).parameters())]
+            hint = ("some parameters were not copied: broadcast every tensor in model.parameters()"
+                    if any(copied) else
+                    f"rank {rank} still has its own weights: broadcast each parameter from rank 0, "
+                    f"in place (dist.broadcast(param, src=0) under torch.no_grad())")
+        expect(False, f"rank {rank}'s parameters after {what}",
+               f"rank 0's initial parameters (sum {rank0_initial.sum().item():.6f})",
+               f"parameters with sum {got.sum().item():.6f}", hint)
+
+
+def _split_like(vector):
+    """A flat parameter vector of the course model, split back into its tensors."""
+    shapes = [p.shape for p in make_model().parameters()]
+    sizes = [shape.numel() for shape in shapes]
+    return [part.view(shape) for part, shape in zip(vector.split(sizes), shapes)]
+
+
+def _broadcast_nothing(model):
+    pass
+
+
+def _average_parameters(model):
+    with torch.no_grad():
+        for param in model.parameters():
+            dist.all_reduce(param)
+            param /= dist.get_world_size()
+
+
+def _broadcast_first_parameter_only(model):
+    with torch.no_grad():
+        dist.broadcast(next(model.parameters()), src=0)
+
+
+def _broadcast_a_copy(model):
+    # broadcasting into a copy leaves the model's own tensors as they were
+    for param in model.parameters():
+        dist.broadcast(param.detach().clone(), src=0)
+
+
+# -- exercise 2: DDP by hand ---------------------------------------------------------------------
+
+def _batches():
+    """STEPS global batches of the course data, as (X, y) pairs."""
+    X, y = make_dataset(STEPS * GLOBAL_BATCH_SIZE, seed=1).tensors
+    return list(zip(X.split(GLOBAL_BATCH_SIZE), y.split(GLOBAL_BATCH_SIZE)))
+
+
+def _by_hand_on_rank(train_step_by_hand):
+    """Train with the learner's step and, side by side on the same shards, with torch's DDP."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = make_model(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    ddp_model = DDP(make_model(seed=0))
+    ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)
+    losses, weights, ddp_weights = [], [], []
+    for X, y in _batches():
+        X_local, y_local = X[rank::world_size], y[rank::world_size]  # as DistributedSampler deals
+        loss = train_step_by_hand(model, optimizer, X_local, y_local)
+        losses.append(float(loss))
+        weights.append(parameters_to_vector(model.parameters()).detach().clone())
+        ddp_optimizer.zero_grad()
+        F.cross_entropy(ddp_model(X_local), y_local).backward()
+        ddp_optimizer.step()
+        ddp_weights.append(parameters_to_vector(ddp_model.parameters()).detach().clone())
+    return losses, weights, ddp_weights
+
+
+def _single_process_run():
+    """The reference: one process, the whole global batch per step."""
+    model = make_model(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses, weights = [], [parameters_to_vector(model.parameters()).detach().clone()]
+    for X, y in _batches():
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(X), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        weights.append(parameters_to_vector(model.parameters()).detach().clone())
+    return losses, weights  # weights[0] is the initial model, weights[s + 1] after step s
+
+
+def _close(a, b) -> bool:
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@grader("DDP by hand")
+def check_train_step_by_hand(train_step_by_hand):
+    what = "train_step_by_hand on 2 ranks"
+    # first, so that the ranks fork with torch.optim's imports done (seconds each otherwise)
+    single_losses, single_weights = _single_process_run()
+    results = run_on_ranks(_by_hand_on_rank, train_step_by_hand, what=what)
+    for step in range(STEPS):
+        before, after = single_weights[step], single_weights[step + 1]
+        for rank, (_, weights, ddp_weights) in enumerate(results):
+            expect(_close(ddp_weights[step], after), f"torch's DDP on rank {rank} at step {step}",
+                   "the single-process weights", "other weights",
+                   "this machine's DDP disagrees with one process; please report it")
+            got = weights[step]
+            if _close(got, after):
+                continue
+            ranks_differ = not _close(results[0][1][step], results[1][1][step])
+            update, expected_update = got - before, after - before
+            if ranks_differ:
+                hint = ("the ranks' models drifted apart, so their gradients differed: after "
+                        "loss.backward(), all-reduce every parameter's .grad (averaging the loss "
+                        "value instead does not change the gradients)")
+            elif _close(update, WORLD_SIZE * expected_update):
+                hint = ("the update is world_size times too large: all_reduce sums the gradients; "
+                        "divide them by dist.get_world_size()")
+            elif _close(update, torch.zeros_like(update)):
+                hint = "the weights did not change: call optimizer.step() after averaging"
+            else:
+                hint = ("average each gradient over the ranks: all_reduce(param.grad) (a sum), "
+                        "then divide by world_size, between backward() and optimizer.step()")
+            expect(False, f"rank {rank}'s weights after step {step}",
+                   "the weights of torch's DDP (and of one process on the whole batch)",
+                   f"weights off by up to {(got - after).abs().max().item():.2e}", hint)
+        mean_loss = sum(float(losses[step]) for losses, _, _ in results) / WORLD_SIZE
+        expect(abs(mean_loss - single_losses[step]) <= 1e-4 * abs(single_losses[step]) + 1e-6,
+               f"the ranks' mean loss at step {step}", f"{single_losses[step]:.6f}",
+               f"{mean_loss:.6f}", "return this rank's loss on its own shard, as a float")
+
+
+def _sums_gradients(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    for param in model.parameters():
+        dist.all_reduce(param.grad)
+    optimizer.step()
+    return loss.item()
+
+
+def _averages_the_loss(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    dist.all_reduce(loss)  # the value is averaged, but autograd passes the local gradient through
+    loss = loss / dist.get_world_size()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _forgets_all_reduce(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    for param in model.parameters():
+        param.grad /= dist.get_world_size()
+    optimizer.step()
+    return loss.item()
+
+
+def _step_stub(model, optimizer, X, y):
+    raise NotImplementedError("Exercise: write this part, then run the check cell below")
+
+
+# -- exercise 3: the sampler's indices -----------------------------------------------------------
+
+SAMPLER_CASES = [  # (n_samples, world_size, rank, epoch, seed): easy first, padding last
+    (8, 2, 0, 0, 0), (8, 2, 1, 0, 0), (8, 2, 1, 1, 0), (12, 3, 2, 5, 42), (10, 4, 3, 2, 7),
+    (10, 4, 0, 0, 1),
+]
+
+
+def _sampler_indices(n_samples, world_size, rank, epoch, seed):
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n_samples), num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+@grader("indices for a rank")
+def check_indices_for_rank(indices_for_rank):
+    for n_samples, world_size, rank, epoch, seed in SAMPLER_CASES:
+        call = (f"indices_for_rank(n_samples={n_samples}, world_size={world_size}, rank={rank}, "
+                f"epoch={epoch}, seed={seed})")
+        got = indices_for_rank(n_samples, world_size, rank, epoch, seed=seed)
+        try:
+            got = [int(index) for index in got]
+        except (TypeError, ValueError):
+            raise GradingError(call, "a list of ints", repr(got)[:120],
+                               "return a list of dataset indices") from None
+        expected = _sampler_indices(n_samples, world_size, rank, epoch, seed)
+        expect_equal(got, expected, call, _sampler_hint(got, n_samples, world_size, rank, epoch, seed))
+
+
+def _sampler_hint(got, n_samples, world_size, rank, epoch, seed) -> str:
+    per_rank = -(-n_samples // world_size)
+    if len(got) != per_rank:
+        return (f"each rank gets ceil(n_samples / world_size) = {per_rank} indices: pad the "
+                f"permutation with its own first indices until its length divides by world_size")
+    if got == _sampler_indices(n_samples, world_size, rank, 0, seed) and epoch != 0:
+        return "the permutation changes every epoch: seed the generator with seed + epoch"
+    if got == _contiguous_blocks(n_samples, world_size, rank, epoch, seed):
+        return ("that is a contiguous block of the permutation; DistributedSampler deals it "
+                "round-robin instead: indices[rank::world_size]")
+    for other_rank in range(world_size):
+        if other_rank != rank and got == _sampler_indices(n_samples, world_size, other_rank, epoch, seed):
+            return "that is another rank's share: rank r takes every world_size-th index, from position r"
+    return ("draw one permutation with torch.randperm(n_samples, generator=g) where g is a "
+            "torch.Generator seeded with seed + epoch (the same on every rank), then deal it "
+            "round-robin: indices[rank::world_size]")
+
+
+def _contiguous_blocks(n_samples, world_size, rank, epoch, seed=0):
+    generator = torch.Generator().manual_seed(seed + epoch)
+    indices = torch.randperm(n_samples, generator=generator).tolist()
+    per_rank = -(-n_samples // world_size)
+    indices += indices[: per_rank * world_size - n_samples]
+    return indices[rank * per_rank:(rank + 1) * per_rank]
+
+
+def _ignores_epoch(n_samples, world_size, rank, epoch, seed=0):  # as if set_epoch were never called
+    return _sampler_indices(n_samples, world_size, rank, 0, seed)
+
+
+def _seeds_each_rank(n_samples, world_size, rank, epoch, seed=0):
+    generator = torch.Generator().manual_seed(seed + epoch + rank)
+    indices = torch.randperm(n_samples, generator=generator).tolist()
+    return indices[: -(-n_samples // world_size)]
+
+
+def _no_padding(n_samples, world_size, rank, epoch, seed=0):
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(n_samples, generator=generator).tolist()[rank::world_size]
+
+
+WRONG_ANSWERS = {
+    check_broadcast_parameters: [
+        wrong_answer("does nothing", _broadcast_nothing),
+        wrong_answer("averages the parameters with all_reduce", _average_parameters),
+        wrong_answer("broadcasts only the first parameter", _broadcast_first_parameter_only),
+        wrong_answer("broadcasts into copies of the parameters", _broadcast_a_copy),
+    ],
+    check_train_step_by_hand: [
+        wrong_answer("sums the gradients without dividing by world_size", _sums_gradients),
+        wrong_answer("averages the loss instead of the gradients", _averages_the_loss),
+        wrong_answer("divides the gradients but never all-reduces them", _forgets_all_reduce),
+        wrong_answer("the lesson's stub", _step_stub),
+    ],
+    check_indices_for_rank: [
+        wrong_answer("gives each rank a contiguous block", _contiguous_blocks),
+        wrong_answer("ignores the epoch (no set_epoch)", _ignores_epoch),
+        wrong_answer("shuffles with a different seed on each rank", _seeds_each_rank),
+        wrong_answer("does not pad to a multiple of world_size", _no_padding),
+    ],
+}

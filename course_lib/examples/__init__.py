@@ -1,0 +1,1 @@
+"""Scripts the lessons run from a shell, e.g. under torchrun: `python -m course_lib.examples.NAME`."""
