@@ -125,9 +125,9 @@ class Trainer:
         self.total_steps = config.max_steps or config.epochs * self.steps_per_epoch
         self.precision = Precision(config.amp, self.device, self.model)
         self.optimizer = self._make_optimizer(scaled_lr(config, self.global_batch_size))
-        warmup = config.warmup_steps
+        warmup = config.warmup_steps  # no scheduler without warmup: it would wrap every step for nothing
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup)) if warmup else None
         self.epoch, self.position, self.global_step = 0, 0, 0  # position: steps done in this epoch
         self.history = History(rank=strategy.rank, world_size=strategy.world_size,
                                global_batch_size=self.global_batch_size)
@@ -180,7 +180,7 @@ class Trainer:
     def _train_step(self, micro_batches, n_micro: int, timer: PhaseTimer):
         """One optimizer step over n_micro micro-batches; returns (this rank's loss, samples seen)."""
         timer.start()
-        total_loss, samples = 0.0, 0
+        samples = 0
         for index in range(n_micro):
             X, y = next(micro_batches)
             X, y = X.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -189,13 +189,15 @@ class Trainer:
             is_last = index == n_micro - 1  # only the last backward all-reduces (DDP)
             with nullcontext() if is_last else self.strategy.no_sync(self.model):
                 with self.precision.autocast():
-                    loss = self.loss_fn(self.model(X), y) / n_micro
+                    loss = self.loss_fn(self.model(X), y)
+                    loss = loss / n_micro if n_micro > 1 else loss
                 timer.lap("forward")
                 self.precision.backward(loss)
             timer.lap("backward")
-            total_loss = total_loss + loss.detach()
+            total_loss = loss.detach() if index == 0 else total_loss + loss.detach()
         self.history.learning_rates.append(self.optimizer.param_groups[0]["lr"])
-        if self.precision.step(self.optimizer, self.model.parameters(), self.config.grad_clip_norm):
+        stepped = self.precision.step(self.optimizer, self.model.parameters(), self.config.grad_clip_norm)
+        if stepped and self.scheduler:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         timer.lap("optimizer")
@@ -236,7 +238,7 @@ class Trainer:
         return {
             "model": self.strategy.unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "precision": self.precision.state_dict(),
             "epoch": self.epoch, "position": self.position, "global_step": self.global_step,
             "losses": list(self.history.losses),
@@ -261,7 +263,8 @@ class Trainer:
                 f"{self.strategy.num_shards}; resume with the same number of ranks for an exact resume")
         self.strategy.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scheduler:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["precision"])
         self.epoch, self.position, self.global_step = state["epoch"], state["position"], state["global_step"]
         self.history.losses = list(state["losses"])
