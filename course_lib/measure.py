@@ -50,13 +50,18 @@ class PhaseTimer:
         return dict(self.totals)
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def reset_peak_memory(devices: list) -> None:
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak CUDA memory allocated on `device`; on CPU, the process's peak resident set size."""
+def peak_memory_bytes(devices: list) -> dict:
+    """{device: peak bytes}: CUDA memory allocated on each GPU; for the CPU, the process's peak RSS."""
+    return {str(device): _peak_bytes(device) for device in devices}
+
+
+def _peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

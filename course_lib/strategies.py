@@ -35,6 +35,7 @@ class SingleDevice:
 
     def __init__(self, device=None):
         self.device = torch.device(device) if device else default_device()
+        self.devices = [self.device]  # every device this process computes on
 
     def wrap(self, model: nn.Module, config) -> nn.Module:
         return model.to(self.device)
@@ -68,11 +69,14 @@ class DataParallelStrategy(SingleDevice):
     def wrap(self, model: nn.Module, config) -> nn.Module:
         model = model.to(self.device)
         if torch.cuda.device_count() >= 2:
-            return nn.DataParallel(model)
-        from . import dp  # the course's readable DataParallel, which also runs on CPU
+            wrapped = nn.DataParallel(model)
+            self.devices = [torch.device("cuda", index) for index in wrapped.device_ids]
+        else:
+            from . import dp  # the course's readable DataParallel, which also runs on CPU
 
-        wrapped = dp.DataParallel(model)
-        self.world_size = len(getattr(wrapped, "devices", None) or getattr(wrapped, "device_ids", None) or [0, 1])
+            wrapped = dp.DataParallel(model)
+            self.devices = [torch.device(device) for device in wrapped.devices]
+        self.world_size = len(self.devices)
         return wrapped
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -99,6 +103,7 @@ class DistributedDataParallelStrategy:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device(device) if device else torch.device("cpu")
+        self.devices = [self.device]
 
     def wrap(self, model: nn.Module, config) -> nn.Module:
         if config.sync_batchnorm:

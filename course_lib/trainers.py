@@ -89,7 +89,7 @@ class History:
     samples_per_second: float = 0.0                 # all ranks' samples / wall time
     phase_times: dict = field(default_factory=dict)  # seconds in data, forward, backward, optimizer
     step_times: list = field(default_factory=list)  # seconds per optimizer step of this run
-    peak_memory_bytes: int = 0
+    peak_memory_bytes: dict = field(default_factory=dict)  # {device: bytes} of this rank's devices
     skipped_steps: int = 0                          # fp16 steps skipped on inf/NaN gradients
     per_rank: list = field(default_factory=list)    # every rank's measurements, as dicts
     resumed_from: Optional[str] = None
@@ -143,7 +143,7 @@ class Trainer:
     def fit(self) -> History:
         config, history = self.config, self.history
         timer = PhaseTimer(self.device)
-        reset_peak_memory(self.device)
+        reset_peak_memory(self.strategy.devices)
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=self.global_step, unit="step",
                    desc=f"{config.strategy} x{self.strategy.world_size}",
@@ -214,7 +214,7 @@ class Trainer:
         history = self.history
         history.model = self.strategy.unwrap(self.model)
         history.phase_times = timer.flush()
-        history.peak_memory_bytes = peak_memory_bytes(self.device)
+        history.peak_memory_bytes = peak_memory_bytes(self.strategy.devices)
         history.skipped_steps = self.precision.skipped_steps
         mine = {"rank": self.strategy.rank, "device": str(self.device), "samples": samples,
                 "seconds": seconds, "phase_times": history.phase_times,

@@ -36,7 +36,7 @@ def test_single_trains_and_measures():
     assert history.global_batch_size == 16 and history.world_size == 1
     assert set(history.phase_times) == {"data", "forward", "backward", "optimizer"}
     assert all(seconds >= 0 for seconds in history.phase_times.values())
-    assert history.samples_per_second > 0 and history.peak_memory_bytes > 0
+    assert history.samples_per_second > 0 and history.peak_memory_bytes["cpu"] > 0
     assert len(history.per_rank) == 1 and history.per_rank[0]["samples"] == 3 * 128
     assert isinstance(history.model, torch.nn.Sequential)
     assert isinstance(pickle.loads(pickle.dumps(history)), History)  # launch ships it between processes
@@ -57,10 +57,16 @@ def test_accumulation_equals_the_larger_batch():
 def test_dp_equals_single():
     single = train(batch_size=8, epochs=2)
     dp = train(strategy="dp", batch_size=4, epochs=2)  # 4 per device, two CPU devices
-    assert dp.world_size == 2 and dp.global_batch_size == 8
+    assert dp.world_size == 2 and dp.global_batch_size == 8 and list(dp.peak_memory_bytes) == ["cpu"]
     torch.testing.assert_close(dp.losses, single.losses, rtol=0, atol=1e-12)
     for a, b in zip(dp.model.parameters(), single.model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_dataloader_workers_give_the_same_run():
+    in_process = train(batch_size=8, max_steps=4, shuffle=True)
+    with_workers = train(batch_size=8, max_steps=4, shuffle=True, num_workers=2)
+    assert with_workers.losses == in_process.losses
 
 
 def test_ddp_without_a_process_group_says_how_to_launch():
