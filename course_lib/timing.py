@@ -1,0 +1,54 @@
+"""Timing a piece of work honestly: warm up first, wait for the GPU, report the median.
+
+CUDA kernels run asynchronously: without a synchronisation the clock only measures their launch.
+"""
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import torch
+
+
+def synchronize(device=None) -> None:
+    """Wait until the work queued on `device` has finished; the CPU has nothing to wait for."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Timing:
+    """Seconds per call: `seconds` are the timed repeats, `warmup_seconds` the calls left out."""
+
+    seconds: List[float] = field(default_factory=list)
+    warmup_seconds: List[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        # The median ignores the odd slow repeat (another process, a page fault); the mean does not.
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median: how noisy the repeats were."""
+        return (max(self.seconds) - min(self.seconds)) / self.median
+
+
+def time_it(fn: Callable[[], object], repeats: int = 20, warmup: int = 3,
+            device: Optional[torch.device] = None) -> Timing:
+    """Call `fn()` `warmup` times (kept apart, out of the median), then `repeats` timed times.
+
+    With a CUDA `device`, each call is bracketed by synchronisations, so a repeat's time is the
+    time the GPU took, not the time Python took to queue the kernels.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats} must be at least 1 and warmup={warmup} at least 0")
+    timing = Timing()
+    for index in range(warmup + repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        (timing.warmup_seconds if index < warmup else timing.seconds).append(elapsed)
+    return timing
