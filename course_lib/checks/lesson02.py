@@ -1,0 +1,301 @@
+"""Lesson 02 graders: DataParallel's scatter and gather, and gradients equal to one device's.
+
+Each grader compares the learner's function with course_lib.dp's reference on uneven batches,
+nested inputs and PyTorch's "meta" device (shapes and placement without data, so a CPU-only
+machine can still check that chunks and outputs land on the device they were sent to).
+"""
+import torch
+import torch.nn.functional as F
+
+from . import describe, expect, expect_close, grader, wrong_answer
+
+CPU = torch.device("cpu")
+META = torch.device("meta")  # a device with shapes but no data: placement checks without GPUs
+
+
+def _call(function, *args, what: str):
+    """The learner's function's result; a crash becomes a GradingError that quotes it."""
+    try:
+        return function(*args)
+    except NotImplementedError:
+        raise  # the @grader decorator turns the stub into advice
+    except Exception as error:
+        expect(False, what, "a result", f"{type(error).__name__}: {error}"[:300])
+
+
+def _first_difference(actual, expected, where: str):
+    """None when `actual` matches `expected` (structure, tensor values and devices), else
+    (where, expected, got) describing the first place they differ."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(actual, torch.Tensor):
+            return where, describe(expected), describe(actual)
+        if actual.shape != expected.shape:
+            return f"{where}.shape", str(tuple(expected.shape)), str(tuple(actual.shape))
+        if actual.device != expected.device:
+            return f"{where}.device", str(expected.device), str(actual.device)
+        if expected.device.type != "meta" and not torch.equal(actual.cpu(), expected.cpu()):
+            return where, describe(expected), describe(actual)
+        return None
+    if isinstance(expected, (tuple, list, dict)):
+        if type(actual) is not type(expected) or len(actual) != len(expected):
+            return where, f"a {type(expected).__name__} of {len(expected)}", describe(actual)
+        if isinstance(expected, dict):
+            if set(actual) != set(expected):
+                return f"{where} keys", str(sorted(expected)), str(sorted(actual))
+            pairs = [(f"{where}[{key!r}]", actual[key], expected[key]) for key in expected]
+        else:
+            pairs = [(f"{where}[{i}]", a, e) for i, (a, e) in enumerate(zip(actual, expected))]
+        for inner_where, inner_actual, inner_expected in pairs:
+            found = _first_difference(inner_actual, inner_expected, inner_where)
+            if found:
+                return found
+        return None
+    return None if actual == expected else (where, describe(expected), describe(actual))
+
+
+def _expect_same(actual, expected, call: str, hint: str):
+    found = _first_difference(actual, expected, "result")
+    if found:
+        where, wanted, got = found
+        expect(False, f"{call}: {where}", wanted, got, hint)
+
+
+def _rows(count, width=3, offset=0):
+    return torch.arange(offset, offset + count * width, dtype=torch.float32).reshape(count, width)
+
+
+# Exercise 1: scatter ----------------------------------------------------------------------------
+
+SCATTER_HINT = ("cut each tensor along dim 0 with tensor.chunk(len(devices)), as nn.DataParallel "
+                "does, move chunk i to devices[i], and scatter tuples, lists and dicts item by "
+                "item")
+
+
+@grader("scatter a batch")
+def check_scatter_batch(scatter_batch):
+    from ..dp import scatter
+
+    two, three, four = [CPU] * 2, [CPU] * 3, [CPU] * 4
+    batch = _rows(10)
+    cases = [
+        ("scatter_batch(7 rows, 2 devices)", _rows(7), two),        # 4 + 3
+        ("scatter_batch(10 rows, 3 devices)", batch, three),        # 4 + 4 + 2, not 4 + 3 + 3
+        ("scatter_batch(3 rows, 4 devices)", _rows(3), four),       # only 3 replicas get work
+        ("scatter_batch((X, {'mask': M}, 'tag'), 2 devices)",
+         (_rows(5), {"mask": _rows(5, width=2, offset=100)}, "tag"), two),
+        ("scatter_batch([X, Y], 3 devices)", [_rows(7), _rows(7, width=1, offset=50)], three),
+        ("scatter_batch(7 rows, 2 'meta' devices)", _rows(7), [META, META]),
+    ]
+    for call, inputs, devices in cases:
+        result = _call(scatter_batch, inputs, devices, what=call)
+        expect(isinstance(result, (list, tuple)), call, "a list with one entry per replica",
+               describe(result), SCATTER_HINT)
+        _expect_same(list(result), scatter(inputs, devices), call, SCATTER_HINT)
+
+
+def _scatter_by(split):
+    """A scatter that handles containers right and cuts each tensor with split(tensor, devices)."""
+    def scatter_batch(inputs, devices):
+        if isinstance(inputs, torch.Tensor):
+            return split(inputs, devices)
+        if isinstance(inputs, (tuple, list, dict)):
+            items = inputs.items() if isinstance(inputs, dict) else inputs
+            return [type(inputs)(chunk) for chunk in zip(*(scatter_batch(item, devices)
+                                                           for item in items))]
+        return [inputs for _ in devices]
+    return scatter_batch
+
+
+def _split_along_dim_1(tensor, devices):
+    return [chunk.to(d) for chunk, d in zip(tensor.chunk(len(devices), dim=1), devices)]
+
+
+def _split_dropping_the_remainder(tensor, devices):
+    size = max(len(tensor) // len(devices), 1)  # 7 rows on 2 devices: 3 + 3, row 6 is lost
+    return [tensor[i * size:(i + 1) * size].to(d) for i, d in enumerate(devices)
+            if i * size < len(tensor)]
+
+
+def _split_without_moving(tensor, devices):
+    return list(tensor.chunk(len(devices)))
+
+
+def _split_like_tensor_split(tensor, devices):  # 10 rows on 3 devices: 4 + 3 + 3, not 4 + 4 + 2
+    chunks = tensor.tensor_split(len(devices))
+    return [chunk.to(d) for chunk, d in zip(chunks, devices) if len(chunk)]
+
+
+def _scatter_tensors_only(inputs, devices):
+    if isinstance(inputs, torch.Tensor):
+        return [chunk.to(d) for chunk, d in zip(inputs.chunk(len(devices)), devices)]
+    return [inputs for _ in devices]  # a tuple or dict reaches every replica whole
+
+
+# Exercise 2: gather -----------------------------------------------------------------------------
+
+GATHER_HINT = ("concatenate the replicas' outputs along dim 0 in replica order (replica 0 first) "
+               "with torch.cat, on output_device; gather tuples element by element")
+
+
+@grader("gather the outputs")
+def check_gather_outputs(gather_outputs):
+    from ..dp import gather
+
+    uneven = [_rows(4), _rows(3, offset=100)]
+    three = [_rows(2), _rows(5, offset=100), _rows(1, offset=200)]
+    pairs = [(_rows(4), _rows(4, width=2, offset=500)), (_rows(3, offset=100), _rows(3, width=2))]
+    cases = [
+        ("gather_outputs([4 rows, 3 rows], cpu)", uneven, CPU),
+        ("gather_outputs([2 rows, 5 rows, 1 row], cpu)", three, CPU),
+        ("gather_outputs([(logits, features), (logits, features)], cpu)", pairs, CPU),
+        ("gather_outputs([4 rows, 3 rows], 'meta')", uneven, META),
+        ("gather_outputs([2 rows, 5 rows, 1 row], 'meta')", three, META),
+    ]
+    for call, outputs, output_device in cases:
+        result = _call(gather_outputs, outputs, output_device, what=call)
+        _expect_same(result, gather(outputs, output_device), call, GATHER_HINT)
+
+
+def _gather_by(join):
+    """A gather that goes into tuples correctly and joins each list of tensors with join()."""
+    def gather_outputs(outputs, output_device):
+        if isinstance(outputs[0], tuple):
+            return tuple(gather_outputs(list(parts), output_device) for parts in zip(*outputs))
+        return join(outputs, output_device)
+    return gather_outputs
+
+
+def _join_in_reverse(outputs, output_device):
+    return torch.cat([o.to(output_device) for o in reversed(outputs)])
+
+
+def _join_largest_chunk_first(outputs, output_device):
+    return torch.cat([o.to(output_device) for o in sorted(outputs, key=len, reverse=True)])
+
+
+def _join_on_the_first_outputs_device(outputs, output_device):
+    return torch.cat([o.to(outputs[0].device) for o in outputs])
+
+
+def _join_with_stack(outputs, output_device):
+    return torch.stack([o.to(output_device) for o in outputs])
+
+
+# Exercise 3: gradients equal one device's -------------------------------------------------------
+
+GRADIENT_HINT = ("scatter X, replicate the model, parallel_apply, gather the logits on devices[0], "
+                 "then ONE cross-entropy loss over the whole gathered batch and loss.backward(); "
+                 "autograd already sums every replica's gradient into model.parameters()")
+
+
+def _single_device_gradients(seed, X, y):
+    from ..models import make_model
+
+    model = make_model(seed=seed)
+    F.cross_entropy(model(X), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@grader("gradients equal one device's")
+def check_data_parallel_gradients(data_parallel_gradients):
+    from ..data import make_dataset
+    from ..models import make_model
+
+    dataset = make_dataset(n_samples=13, seed=2)
+    X, y = dataset.tensors
+    for samples, device_count in [(13, 3), (7, 2), (8, 2)]:  # 5+5+3, 4+3, 4+4 samples
+        call = f"data_parallel_gradients(model, {samples} samples, {device_count} devices)"
+        expected = _single_device_gradients(seed=1, X=X[:samples], y=y[:samples])
+        model = make_model(seed=1)
+        gradients = _call(data_parallel_gradients, model, X[:samples], y[:samples],
+                          [CPU] * device_count, what=call)
+        shapes = [tuple(p.shape) for p in model.parameters()]
+        expect(isinstance(gradients, (list, tuple)) and len(gradients) == len(shapes)
+               and all(isinstance(g, torch.Tensor) for g in gradients), call,
+               f"a list of {len(shapes)} gradient tensors, one per parameter, shapes {shapes}",
+               describe(gradients), "return [p.grad for p in model.parameters()]; equal outputs "
+               "alone do not show equal gradients")
+        for index, (got, wanted) in enumerate(zip(gradients, expected)):
+            expect(tuple(got.shape) == tuple(wanted.shape), f"{call}: gradient {index}",
+                   f"shape {tuple(wanted.shape)}", f"shape {tuple(got.shape)}",
+                   "return the parameters' .grad, in model.parameters() order")
+            expect_close(got.detach(), wanted, f"{call}: gradient {index} (shape {shapes[index]})",
+                         GRADIENT_HINT, rtol=1e-4, atol=1e-6)
+
+
+def _dp_forward(model, X, devices):
+    from ..dp import gather, parallel_apply, replicate, scatter
+
+    chunks = scatter(X, devices)
+    used = devices[:len(chunks)]
+    replicas = replicate(model, used)
+    return replicas, chunks, parallel_apply(replicas, chunks, used)
+
+
+def _gradients_summed_twice(model, X, y, devices):
+    from ..dp import gather
+
+    model.zero_grad()
+    replicas, _, outputs = _dp_forward(model, X, devices)
+    F.cross_entropy(gather(outputs, devices[0]), y).backward()
+    # "All-reduce" the replicas' gradients by hand: but they are already summed into one .grad.
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    for replica in replicas:
+        for t, p in zip(total, replica.parameters()):
+            t += p.grad
+    return total
+
+
+def _mean_of_replica_losses(model, X, y, devices):
+    from ..dp import scatter
+
+    model.zero_grad()
+    _, chunks, outputs = _dp_forward(model, X, devices)
+    labels = scatter(y, devices)
+    # One mean per replica, then their mean: with 5 + 5 + 3 samples the last 3 weigh too much.
+    loss = torch.stack([F.cross_entropy(o, t) for o, t in zip(outputs, labels)]).mean()
+    loss.backward()
+    return [p.grad for p in model.parameters()]
+
+
+def _outputs_instead_of_gradients(model, X, y, devices):
+    from ..dp import gather
+
+    _, _, outputs = _dp_forward(model, X, devices)
+    return [gather(outputs, devices[0]).detach(), model(X).detach()]  # equal outputs, no gradients
+
+
+def _first_replica_only(model, X, y, devices):
+    from ..dp import scatter
+
+    model.zero_grad()
+    _, _, outputs = _dp_forward(model, X, devices)
+    F.cross_entropy(outputs[0], scatter(y, devices)[0]).backward()
+    return [p.grad for p in model.parameters()]
+
+
+WRONG_ANSWERS = {
+    check_scatter_batch: [
+        wrong_answer("splits along dim 1 instead of the batch dim",
+                     _scatter_by(_split_along_dim_1)),
+        wrong_answer("drops the remainder of an uneven batch",
+                     _scatter_by(_split_dropping_the_remainder)),
+        wrong_answer("passes tuples and dicts whole to every replica", _scatter_tensors_only),
+        wrong_answer("never moves the chunks to their device", _scatter_by(_split_without_moving)),
+        wrong_answer("splits like tensor_split (4+3+3), not like DataParallel (4+4+2)",
+                     _scatter_by(_split_like_tensor_split)),
+    ],
+    check_gather_outputs: [
+        wrong_answer("concatenates in reverse replica order", _gather_by(_join_in_reverse)),
+        wrong_answer("puts the largest chunk first", _gather_by(_join_largest_chunk_first)),
+        wrong_answer("leaves the result on the first output's device",
+                     _gather_by(_join_on_the_first_outputs_device)),
+        wrong_answer("stacks instead of concatenating", _gather_by(_join_with_stack)),
+    ],
+    check_data_parallel_gradients: [
+        wrong_answer("sums the replicas' gradients a second time", _gradients_summed_twice),
+        wrong_answer("averages one mean loss per replica", _mean_of_replica_losses),
+        wrong_answer("returns the outputs, comparing only outputs", _outputs_instead_of_gradients),
+        wrong_answer("backpropagates replica 0's loss only", _first_replica_only),
+    ],
+}
