@@ -114,7 +114,8 @@ def _train_under_torchrun(config: TrainConfig, args):
 
 
 def _report(history, config: TrainConfig, history_json) -> None:
-    print(f"trained strategy={config.strategy} on {history.world_size} rank(s): "
+    replicas = "devices in one process" if config.strategy == "dp" else "rank(s)"
+    print(f"trained strategy={config.strategy} on {history.world_size} {replicas}: "
           f"{len(history.losses)} steps of global batch {history.global_batch_size}, "
           f"loss {history.losses[0]:.4f} -> {history.losses[-1]:.4f}, "
           f"{history.samples_per_second:,.0f} samples/s", flush=True)
