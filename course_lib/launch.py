@@ -67,8 +67,9 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
                       f"results are right but timings are not meaningful", RuntimeWarning, stacklevel=3)
     job_bytes = None if method == "fork" else _pickle_job(job)
     if output != "none":
-        print(f"{who}: {nprocs} rank{'s' if nprocs != 1 else ''}, backend {backend} ({backend_why}), "
-              f"start method {method}", flush=True)
+        sys.stdout.write(f"{who}: {nprocs} rank{'s' if nprocs != 1 else ''}, backend {backend} "
+                         f"({backend_why}), start method {method}\n")  # one write: one output chunk
+        sys.stdout.flush()
     rendezvous = Rendezvous(nprocs)
     specs = [RankSpec(rank=rank, world_size=nprocs, backend=backend, master_port=rendezvous.port,
                       init_process_group=init_process_group,

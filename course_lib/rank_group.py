@@ -13,7 +13,7 @@ from . import channel
 from .errors import DistributedRunError, RankFailure
 from .output import OutputRelay
 from .rank_process import RankSpec
-from .rank_start import STREAMS, RankHandle, close_all, fork_rank, spawn_rank
+from .rank_start import STREAMS, RankHandle, close_all, fork_rank, preload_for_fork, spawn_rank
 from .tracebacks import innermost_frame, notebook_friendly, trim_stack_dump
 
 
@@ -24,6 +24,8 @@ class RankGroup:
         self.relay = relay
         self.handles: List[RankHandle] = []
         self.selector = selectors.DefaultSelector()
+        if start_method == "fork":
+            preload_for_fork()
         try:
             for spec in specs:
                 handle = (fork_rank(spec, self.handles) if start_method == "fork"

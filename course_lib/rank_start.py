@@ -58,6 +58,19 @@ def _pipes():
     return ours, theirs
 
 
+def preload_for_fork() -> None:
+    """Import, once, what every forked rank would otherwise import for itself.
+
+    DistributedDataParallel's constructor imports torch._dynamo (hundreds of modules, seconds):
+    imported here, the first launch pays it once and each later rank inherits it for free.
+    """
+    if "torch._dynamo" not in sys.modules:
+        try:
+            import torch._dynamo  # noqa: F401
+        except ImportError:
+            pass
+
+
 def fork_rank(spec: RankSpec, started: List[RankHandle]) -> RankHandle:
     """Fork a rank; `started` are the ranks before it, whose pipes the child must not keep."""
     ours, theirs = _pipes()
