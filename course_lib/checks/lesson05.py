@@ -1,0 +1,340 @@
+"""Graders for lesson 05, gradient accumulation and `no_sync`: how many micro-batches make the
+global batch, and an accumulation loop that matches the large batch with one all-reduce per step.
+
+The loop's grader runs your function on 2 gloo ranks (on the CPU, so it grades the same on a
+laptop and a GPU node), counts DDP's all-reduces with a comm hook, and compares the weights after
+every optimizer step with one process that trains on the whole global batch.
+"""
+import warnings
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector
+
+from . import GradingError, expect, expect_close, grader, wrong_answer
+from ..data import make_dataset
+from ..models import make_model
+
+WORLD_SIZE = 2
+LAUNCH_TIMEOUT_S = 60
+LR = 0.5
+MICRO_BATCH_SIZE = 4
+LOOP_CASES = ((4, 3), (2, 2))  # (grad_accum_steps, optimizer steps): 12 and 4 micro-batches per rank
+
+
+# -- exercise 1: how many micro-batches make the global batch ----------------------------------
+
+ACCUM_CASES = [  # (global_batch_size, batch_size, world_size, grad_accum_steps)
+    (256, 32, 2, 4), (256, 32, 8, 1), (512, 16, 4, 8), (64, 64, 1, 1), (96, 8, 4, 3),
+]
+IMPOSSIBLE_CASES = [  # no whole number of micro-batches gives exactly this global batch
+    (100, 32, 2), (256, 32, 16), (96, 64, 1),
+]
+
+
+@grader("grad_accum_steps for a global batch")
+def check_grad_accum_steps_for(grad_accum_steps_for):
+    for global_batch_size, batch_size, world_size, expected in ACCUM_CASES:
+        call = f"grad_accum_steps_for({global_batch_size}, {batch_size}, {world_size})"
+        got = grad_accum_steps_for(global_batch_size, batch_size, world_size)
+        expect(isinstance(got, int) and not isinstance(got, bool), call, "an int",
+               f"{got!r} ({type(got).__name__})",
+               "grad_accum_steps counts micro-batches: use // (integer division), not /")
+        expect(got == expected, call, str(expected), str(got),
+               "global_batch_size = batch_size x grad_accum_steps x world_size: every rank "
+               "contributes batch_size samples per micro-batch")
+    for global_batch_size, batch_size, world_size in IMPOSSIBLE_CASES:
+        call = f"grad_accum_steps_for({global_batch_size}, {batch_size}, {world_size})"
+        try:
+            got = grad_accum_steps_for(global_batch_size, batch_size, world_size)
+        except ValueError:
+            continue
+        expect(False, call, "a ValueError: no whole number of micro-batches gives this global "
+               "batch", f"{got!r}",
+               "check global_batch_size % (batch_size * world_size) == 0 (and a result of at "
+               "least 1), and raise ValueError otherwise: a silently rounded global batch "
+               "changes the training")
+
+
+def _ignores_world_size(global_batch_size, batch_size, world_size):
+    return global_batch_size // batch_size
+
+
+def _floors_silently(global_batch_size, batch_size, world_size):
+    return global_batch_size // (batch_size * world_size)
+
+
+def _rounds_up_silently(global_batch_size, batch_size, world_size):
+    return -(-global_batch_size // (batch_size * world_size))
+
+
+def _true_division(global_batch_size, batch_size, world_size):
+    steps = global_batch_size / (batch_size * world_size)
+    if steps != int(steps) or steps < 1:
+        raise ValueError("not a whole number of micro-batches")
+    return steps
+
+
+def _grad_accum_stub(global_batch_size, batch_size, world_size):
+    raise NotImplementedError("Exercise: write this part, then run the check cell below")
+
+
+# -- exercise 2: accumulation with no_sync -----------------------------------------------------
+
+def grading_micro_batches(grad_accum_steps, steps, rank, world_size=WORLD_SIZE):
+    """Rank `rank`'s micro-batches, in order: `steps` global batches, each dealt to the ranks
+    like DistributedSampler (sample i to rank i % world_size), each rank's share cut in
+    grad_accum_steps micro-batches of MICRO_BATCH_SIZE."""
+    global_batch_size = MICRO_BATCH_SIZE * grad_accum_steps * world_size
+    X, y = make_dataset(steps * global_batch_size, seed=5).tensors
+    micro_batches = []
+    for X_global, y_global in zip(X.split(global_batch_size), y.split(global_batch_size)):
+        X_rank, y_rank = X_global[rank::world_size], y_global[rank::world_size]
+        micro_batches += zip(X_rank.split(MICRO_BATCH_SIZE), y_rank.split(MICRO_BATCH_SIZE))
+    return micro_batches
+
+
+def large_batch_run(grad_accum_steps, steps, world_size=WORLD_SIZE):
+    """The reference: one process, one optimizer step per global batch. Returns the loss and
+    the weights after every step."""
+    model = make_model(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    global_batch_size = MICRO_BATCH_SIZE * grad_accum_steps * world_size
+    X, y = make_dataset(steps * global_batch_size, seed=5).tensors
+    losses, weights = [], []
+    for X_global, y_global in zip(X.split(global_batch_size), y.split(global_batch_size)):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(X_global), y_global)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        weights.append(parameters_to_vector(model.parameters()).detach().clone())
+    return losses, weights
+
+
+def counting_all_reduces(ddp_model) -> list:
+    """Make DDP count its all-reduces: the list gets one entry (the bucket's size) per call."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls = []
+
+    def counting_hook(process_group, bucket):
+        calls.append(bucket.buffer().numel())
+        return allreduce_hook(process_group, bucket)  # what DDP does without a hook
+
+    ddp_model.register_comm_hook(None, counting_hook)
+    return calls
+
+
+def _loop_on_rank(train_with_accumulation, grad_accum_steps, steps):
+    """One run of the learner's loop on this rank: its losses, and for every optimizer step the
+    weights after it and the all-reduces it took."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    ddp_model = DDP(make_model(seed=0))
+    all_reduces = counting_all_reduces(ddp_model)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)
+    records = []  # (weights after the step, all-reduces so far)
+
+    def record(optimizer, args, kwargs):
+        weights = parameters_to_vector(ddp_model.module.parameters()).detach().clone()
+        records.append((weights, len(all_reduces)))
+
+    optimizer.register_step_post_hook(record)
+    micro_batches = grading_micro_batches(grad_accum_steps, steps, rank)
+    losses = train_with_accumulation(ddp_model, optimizer, micro_batches, grad_accum_steps)
+    try:
+        losses = [float(loss) for loss in losses]
+    except TypeError:
+        losses = repr(losses)[:80]  # the grader says so; a crash here would hide the reason
+    return {"losses": losses, "records": records, "total_all_reduces": len(all_reduces)}
+
+
+def _cases_on_rank(train_with_accumulation):
+    return [_loop_on_rank(train_with_accumulation, grad_accum_steps, steps)
+            for grad_accum_steps, steps in LOOP_CASES]
+
+
+def _run_on_ranks(fn, *args, what: str):
+    """fn(*args) on WORLD_SIZE gloo ranks, quietly; a crash or a hang becomes a GradingError, the
+    learner's stub a NotImplementedError (which @grader turns into advice)."""
+    import torch._dynamo  # noqa: F401  DDP imports it on first use: once here, not in every rank
+
+    from ..errors import DistributedRunError
+    from ..launch import launch
+
+    try:
+        with warnings.catch_warnings():  # e.g. "2 ranks on 1 CPU core" must not reach the check cell
+            warnings.simplefilter("ignore")
+            return launch(fn, *args, nprocs=WORLD_SIZE, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
+                          output="none")
+    except DistributedRunError as error:
+        if error.timed_out:
+            raise GradingError(what, f"both ranks to finish within {LAUNCH_TIMEOUT_S} s",
+                               "the ranks hung", "every rank must run the same backward passes "
+                               "outside no_sync, so that DDP's all-reduces pair up") from None
+        cause = error.root_cause
+        if cause.summary.startswith("NotImplementedError"):
+            raise NotImplementedError(cause.summary.partition(": ")[2]) from None
+        raise GradingError(what, f"your function to run on {WORLD_SIZE} ranks", cause.headline(),
+                           "run the cell that defines it; it gets (ddp_model, optimizer, "
+                           "micro_batches, grad_accum_steps) and returns a list of losses") from None
+
+
+def _close(a, b) -> bool:
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@grader("accumulation with no_sync")
+def check_train_with_accumulation(train_with_accumulation):
+    what = "train_with_accumulation on 2 ranks"
+    references = [large_batch_run(*case) for case in LOOP_CASES]  # before forking: imports done
+    per_rank = _run_on_ranks(_cases_on_rank, train_with_accumulation, what=what)
+    for case, (grad_accum_steps, steps) in enumerate(LOOP_CASES):
+        runs = [ranks_cases[case] for ranks_cases in per_rank]
+        setting = f"grad_accum_steps={grad_accum_steps}, {grad_accum_steps * steps} micro-batches"
+        _expect_steps(runs, steps, setting)
+        _expect_large_batch_weights(runs, references[case][1], grad_accum_steps, setting)
+        _expect_one_all_reduce_per_step(runs, grad_accum_steps, setting)
+        _expect_losses(runs, references[case][0], steps, setting)
+
+
+def _expect_steps(runs, steps, setting):
+    taken = len(runs[0]["records"])
+    expect(taken == steps, f"the optimizer steps taken ({setting})", str(steps), str(taken),
+           "call optimizer.step() once per grad_accum_steps micro-batches, after the last one "
+           "of each group (then optimizer.zero_grad())")
+
+
+def _expect_large_batch_weights(runs, reference_weights, grad_accum_steps, setting):
+    for step, expected in enumerate(reference_weights):
+        before = reference_weights[step - 1] if step else \
+            parameters_to_vector(make_model(seed=0).parameters()).detach()
+        for rank, run in enumerate(runs):
+            got = run["records"][step][0]
+            if _close(got, expected):
+                continue
+            update, expected_update = got - before, expected - before
+            if not _close(runs[0]["records"][step][0], runs[1]["records"][step][0]):
+                hint = ("the ranks' weights differ: their gradients were never all-reduced. The "
+                        "last micro-batch of each step must run its forward and backward "
+                        "OUTSIDE no_sync")
+            elif _close(update, grad_accum_steps * expected_update):
+                hint = (f"the update is grad_accum_steps = {grad_accum_steps} times too large: "
+                        "backward() adds the gradients up, so divide each micro-batch's loss by "
+                        "grad_accum_steps")
+            elif _close(update, expected_update / grad_accum_steps):
+                hint = ("the update is grad_accum_steps times too small: each step must use the "
+                        "gradients of all its micro-batches (zero them after the step, not "
+                        "before every micro-batch)")
+            else:
+                hint = ("step (and sync) after the LAST micro-batch of each group: with "
+                        "micro_step counting from 0, that is (micro_step + 1) % grad_accum_steps "
+                        "== 0; micro_step % grad_accum_steps == 0 steps after the first one")
+            expect(False, f"rank {rank}'s weights after optimizer step {step} ({setting})",
+                   "the weights of one process trained on the whole global batch",
+                   f"weights off by up to {(got - expected).abs().max().item():.2e}", hint)
+
+
+def _expect_one_all_reduce_per_step(runs, grad_accum_steps, setting):
+    counts = [0] + [count for _, count in runs[0]["records"]]
+    per_step = [after - before for before, after in zip(counts, counts[1:])]
+    expect(all(count == 1 for count in per_step),
+           f"DDP's all-reduces per optimizer step ({setting})",
+           f"1 per step: {[1] * len(per_step)}", str(per_step),
+           "run the forward AND the backward of every micro-batch but the last inside "
+           "`with ddp_model.no_sync():` (DDP decides in forward whether the backward will "
+           "all-reduce); the last one, outside, all-reduces the accumulated gradients once"
+           if any(count > 1 for count in per_step) else
+           "the last micro-batch of each step must run outside no_sync, or nothing is synced")
+
+
+def _expect_losses(runs, reference_losses, steps, setting):
+    for rank, run in enumerate(runs):
+        losses = run["losses"]
+        expect(isinstance(losses, list) and len(losses) == steps,
+               f"the losses rank {rank} returned ({setting})",
+               f"a list of {steps} numbers, one per optimizer step", str(losses)[:80],
+               "append the step's loss after each optimizer step, and return the list")
+    mean_over_ranks = [sum(run["losses"][step] for run in runs) / len(runs) for step in range(steps)]
+    expect_close(mean_over_ranks, reference_losses,
+                 f"the losses averaged over the ranks ({setting})",
+                 "each step's loss on a rank is the mean over its micro-batches: add up "
+                 "loss.item() of the divided losses (loss / grad_accum_steps)", rtol=1e-4)
+
+
+def reference_train_with_accumulation(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    """Train on this rank's micro-batches: one optimizer step, and one all-reduce, per
+    grad_accum_steps of them. Returns this rank's loss for every step."""
+    losses, step_loss = [], 0.0
+    for micro_step, (X, y) in enumerate(micro_batches):
+        is_last = (micro_step + 1) % grad_accum_steps == 0
+        with nullcontext() if is_last else ddp_model.no_sync():
+            loss = F.cross_entropy(ddp_model(X), y) / grad_accum_steps
+            loss.backward()
+        step_loss += loss.item()
+        if is_last:
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(step_loss)
+            step_loss = 0.0
+    return losses
+
+
+def _flawed(divide=True, sync_on="last", forward_outside_no_sync=False):
+    """The reference loop with one mistake, for WRONG_ANSWERS."""
+
+    def loop(ddp_model, optimizer, micro_batches, grad_accum_steps):
+        losses, step_loss = [], 0.0
+        for micro_step, (X, y) in enumerate(micro_batches):
+            # "first": the off-by-one, micro_step % grad_accum_steps == 0 (the first of a group)
+            steps_now = micro_step % grad_accum_steps == (0 if sync_on == "first"
+                                                          else grad_accum_steps - 1)
+            syncs = {"last": steps_now, "first": steps_now, "every": True, "never": False}[sync_on]
+            context = nullcontext() if syncs else ddp_model.no_sync()
+            if forward_outside_no_sync:  # DDP decides in forward: this backward syncs anyway
+                loss = F.cross_entropy(ddp_model(X), y)
+                with context:
+                    (loss / grad_accum_steps if divide else loss).backward()
+            else:
+                with context:
+                    loss = F.cross_entropy(ddp_model(X), y)
+                    (loss / grad_accum_steps if divide else loss).backward()
+            step_loss += loss.item() / grad_accum_steps
+            if steps_now:
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(step_loss)
+                step_loss = 0.0
+        return losses
+
+    return loop
+
+
+def _loop_stub(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    raise NotImplementedError("Exercise: write this part, then run the check cell below")
+
+
+WRONG_ANSWERS = {
+    check_grad_accum_steps_for: [
+        wrong_answer("forgets the world size", _ignores_world_size),
+        wrong_answer("rounds down without complaint", _floors_silently),
+        wrong_answer("rounds up without complaint", _rounds_up_silently),
+        wrong_answer("returns a float", _true_division),
+        wrong_answer("the stub", _grad_accum_stub),
+    ],
+    check_train_with_accumulation: [
+        wrong_answer("does not divide the loss by grad_accum_steps", _flawed(divide=False)),
+        wrong_answer("syncs on every micro-batch (right weights, too many all-reduces)",
+                     _flawed(sync_on="every")),
+        wrong_answer("no_sync around the backward only",
+                     _flawed(forward_outside_no_sync=True)),
+        wrong_answer("syncs and steps on the first micro-batch instead of the last",
+                     _flawed(sync_on="first")),
+        wrong_answer("no_sync on every micro-batch: never syncs", _flawed(sync_on="never")),
+        wrong_answer("the stub", _loop_stub),
+    ],
+}
