@@ -102,11 +102,24 @@ def test_check_reports_stale_missing_and_orphan_lessons(course, capsys):
     assert "lessons/01_circle.ipynb is missing" in capsys.readouterr().out
 
 
-def test_an_unexecuted_check_cell_stops_the_build_with_advice(course, capsys):
+def test_an_unexecuted_check_cell_stops_its_lesson_with_advice_and_not_the_others(course, capsys):
     nbformat.write(code_notebook("# NBVAL_CHECK_OUTPUT\ncheck_x(x)"),
                    course / "solutions" / "02_unrun.ipynb")
+    (course / "lessons" / SOLUTION.name).unlink()
     assert build_lessons_main(["--root", str(course)]) == 1
-    assert "run-solutions --only 02 --write" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "solutions/02_unrun.ipynb cannot be built" in out and "run-solutions --only 02 --write" in out
+    assert "wrote       lessons/01_circle.ipynb" in out  # the good lesson is still built
+    assert not (course / "lessons" / "02_unrun.ipynb").exists()
+
+
+def test_only_builds_the_lessons_named(course, capsys):
+    nbformat.write(code_notebook("# NBVAL_CHECK_OUTPUT\ncheck_x(x)"),
+                   course / "solutions" / "02_unrun.ipynb")
+    (course / "lessons" / SOLUTION.name).unlink()
+    assert build_lessons_main(["--root", str(course), "--only", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote       lessons/01_circle.ipynb" in out and "02_unrun" not in out
 
 
 @pytest.mark.parametrize("outputs", [

@@ -11,7 +11,7 @@ import nbformat
 from ..checks import passed_line
 from .cells import (BEGIN_SOLUTION, END_SOLUTION, STUB, is_check_cell, is_code,
                     is_solution_only)
-from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root
+from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs
 
 MARKDOWN_STUB = "YOUR ANSWER HERE"
@@ -91,14 +91,22 @@ def render(nb) -> bytes:
     return (nbformat.writes(nb) + "\n").encode("utf-8")
 
 
-def build_lessons(root: Path, check: bool = False) -> list:
-    """Write (or, with `check`, compare) every lesson; returns the problems found under check."""
+def build_lessons(root: Path, check: bool = False, only=()) -> list:
+    """Write (or, with `check`, compare) every lesson (or those `only` names).
+
+    Returns the problems found. A solution that cannot be built is one problem: the other
+    lessons are still built.
+    """
     problems = []
     solutions = course_notebooks(root / SOLUTIONS)
-    for solution_path in solutions:
+    for solution_path in (path for path in solutions if matches_numbers(path, only)):
         lesson_path = root / LESSONS / solution_path.name
         solution = nbformat.read(solution_path, as_version=4)
-        wanted = render(build_lesson(solution, solution_path.name, root))
+        try:
+            wanted = render(build_lesson(solution, solution_path.name, root))
+        except LessonBuildError as error:
+            problems.append(f"{SOLUTIONS}/{solution_path.name} cannot be built: {error}")
+            continue
         current = lesson_path.read_bytes() if lesson_path.exists() else None
         if current == wanted:
             print(f"up to date  {LESSONS}/{lesson_path.name}")
@@ -111,7 +119,7 @@ def build_lessons(root: Path, check: bool = False) -> list:
             print(f"wrote       {LESSONS}/{lesson_path.name}")
     solution_names = {path.name for path in solutions}
     for lesson_path in course_notebooks(root / LESSONS):
-        if lesson_path.name not in solution_names:
+        if lesson_path.name not in solution_names and matches_numbers(lesson_path, only):
             problems.append(f"{LESSONS}/{lesson_path.name} has no {SOLUTIONS}/{lesson_path.name}; "
                             f"delete the lesson or add its solution")
     return problems
@@ -122,15 +130,13 @@ def build_lessons_main(argv) -> int:
                                      description="Write lessons/ from solutions/.")
     parser.add_argument("--check", action="store_true",
                         help="change nothing; fail when lessons/ is not what a build would write")
+    parser.add_argument("--only", action="append", default=[], metavar="NN",
+                        help="build only lesson NN (repeat it, or give a list: --only 3,4)")
     parser.add_argument("--root", type=Path, default=None,
                         help="the course folder (default: found from the current folder)")
     args = parser.parse_args(argv)
     root = find_course_root(args.root)
-    try:
-        problems = build_lessons(root, check=args.check)
-    except LessonBuildError as error:
-        print(f"error: {error}")
-        return 1
+    problems = build_lessons(root, check=args.check, only=args.only)
     for problem in problems:
         print(f"problem     {problem}")
     if problems and args.check:
