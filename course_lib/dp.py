@@ -207,7 +207,8 @@ class DataParallel(nn.Module):
         devices = self.devices[:len(input_chunks)]  # a small batch uses fewer devices
         replicas = replicate(self.module, devices)
         outputs = parallel_apply(replicas, input_chunks, devices, kwarg_chunks)
-        chunk_sizes = [_batch_size(chunk, self.dim) for chunk in zip(input_chunks, kwarg_chunks)]
+        chunk_sizes = [_batch_size(chunk, self.dim, custom=self.scatter_fn is not None)
+                       for chunk in zip(input_chunks, kwarg_chunks)]
         self.last_forward = ForwardRecord([str(d) for d in devices], chunk_sizes,
                                           str(self.output_device))
         return gather(outputs, self.output_device, self.dim)
@@ -235,13 +236,19 @@ def _checked_chunks(chunks, devices):
     return [chunk if isinstance(chunk, tuple) else (chunk,) for chunk in chunks]
 
 
-def _batch_size(chunk, dim):
-    """How many samples a replica got: the first tensor's size along dim, else len(first input)."""
+def _batch_size(chunk, dim, custom=False):
+    """How many samples a replica got: the first tensor's size along dim, else len(first input).
+
+    After a custom scatter, a list or tuple first argument holds the samples themselves (graphs,
+    say), so its length counts, not the size of the first tensor inside it.
+    """
+    args, kwargs = chunk
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if custom and isinstance(first, (list, tuple)):
+        return len(first)
     tensor = _first_tensor(chunk)
     if tensor is not None:
         return tensor.shape[dim] if tensor.dim() > 0 else 1
-    args, kwargs = chunk
-    first = args[0] if args else next(iter(kwargs.values()), None)
     return len(first) if hasattr(first, "__len__") else None
 
 

@@ -99,7 +99,8 @@ def test_custom_scatter_for_inputs_that_are_not_tensors():
         return [([g.to(d) for g in graphs[i * per_device:(i + 1) * per_device]],)
                 for i, d in enumerate(devices) if graphs[i * per_device:]]
 
-    graphs = [torch.randn(n, dtype=torch.float64) for n in (3, 1, 4, 2, 5)]
+    # node counts unlike the chunk sizes, so counting nodes instead of graphs would show
+    graphs = [torch.randn(n, dtype=torch.float64) for n in (5, 1, 4, 6, 2)]
     module = SumGraphs()
     dp = DataParallel(module, devices=["cpu", "cpu"], scatter_fn=split_graphs)
     dp(graphs).sum().backward()
