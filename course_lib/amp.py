@@ -63,11 +63,12 @@ class Precision:
 def _check_fp16(device: torch.device, model: torch.nn.Module) -> None:
     if device.type != "cuda":
         raise ValueError(
-            f"amp='fp16' needs a CUDA device (its GradScaler runs on CUDA), but the model is on "
-            f"{device}; use amp='bf16' on CPU, or amp=None")
+            f"amp='fp16' needs a CUDA device (the course's fp16 recipe: autocast with a GradScaler, "
+            f"for GPUs), but the model is on {device}; use amp='bf16', which needs no scaler, or amp=None")
     half = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)})
     if half:
         raise ValueError(
             f"amp='fp16' uses a GradScaler, which cannot unscale {', '.join(half)} gradients "
-            f"(torch fails inside unscale_); keep the parameters in float32 (model.float()) "
+            f"(it refuses float16 ones, and fails inside unscale_ on CUDA for bfloat16 ones); "
+            f"keep the parameters in float32 (model.float()) "
             f"and let autocast lower the precision, or use amp='bf16' which needs no scaler")
