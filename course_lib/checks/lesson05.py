@@ -161,8 +161,6 @@ def _cases_on_rank(train_with_accumulation):
 def _run_on_ranks(fn, *args, what: str):
     """fn(*args) on WORLD_SIZE gloo ranks, quietly; a crash or a hang becomes a GradingError, the
     learner's stub a NotImplementedError (which @grader turns into advice)."""
-    import torch._dynamo  # noqa: F401  DDP imports it on first use: once here, not in every rank
-
     from ..errors import DistributedRunError
     from ..launch import launch
 
