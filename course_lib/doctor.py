@@ -4,9 +4,11 @@ Prints a table (Python, torch, GPUs, backends, /dev/shm, cores, a timed 2-rank l
 non-zero when something the course needs is missing.
 """
 import argparse
+import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 from typing import List, NamedTuple
@@ -33,9 +35,8 @@ def _torch_findings() -> List[Finding]:
                      "ok" if version >= MIN_TORCH else f"FAIL: the course needs torch>={needed}")]
     gpus = env.gpu_count()
     if gpus:
-        for index in range(gpus):
-            props = torch.cuda.get_device_properties(index)
-            found.append(Finding(f"cuda:{index}", f"{props.name}, {props.total_memory / 2**30:.0f} GiB", "ok"))
+        for index, (name, memory) in enumerate(gpu_descriptions()):
+            found.append(Finding(f"cuda:{index}", f"{name}, {memory / 2**30:.0f} GiB", "ok"))
     else:
         found.append(Finding("CUDA GPUs", "none: lessons run on CPU processes (gloo)", "ok"))
     found.append(Finding("torch.distributed", "available" if dist.is_available() else "missing",
@@ -47,6 +48,27 @@ def _torch_findings() -> List[Finding]:
         found.append(Finding("nccl", "available" if nccl else "missing",
                              "ok" if nccl or not gpus else "note: GPUs but no NCCL; ranks will use gloo"))
     return found
+
+
+GPU_QUERY = ("import json, torch; print(json.dumps([(p.name, p.total_memory) for p in "
+             "map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]))")
+
+
+def gpu_descriptions() -> List[tuple]:
+    """[(name, bytes of memory)] per GPU, without initialising CUDA in this process.
+
+    Reading device properties initialises CUDA, after which `launch` can no longer fork: so unless
+    CUDA is initialised already, a child process asks.
+    """
+    import torch
+
+    if torch.cuda.is_initialized():
+        properties = map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))
+        return [(p.name, p.total_memory) for p in properties]
+    result = subprocess.run([sys.executable, "-c", GPU_QUERY], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        return [("(could not read the GPU's properties)", 0)] * env.gpu_count()
+    return [tuple(item) for item in json.loads(result.stdout.strip().splitlines()[-1])]
 
 
 def _machine_findings() -> List[Finding]:

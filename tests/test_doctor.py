@@ -41,3 +41,21 @@ def test_a_small_dev_shm_gets_advice(monkeypatch):
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: usage(64 << 20, 0, 64 << 20))
     shm = next(f for f in doctor.diagnose(test_launch=False) if f.item == "/dev/shm")
     assert shm.value == "0.1 GiB" and "SIGBUS" in shm.status and "--shm-size" in shm.status
+
+
+def test_gpus_are_described_without_initialising_cuda_here(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(doctor.env, "gpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: pytest.fail("initialised CUDA in the notebook's process"))
+    asked = []
+
+    def child(command, **kwargs):
+        asked.append(command)
+        return subprocess.CompletedProcess(command, 0, '[["NVIDIA H200", 150000000000], ["NVIDIA H200", 150000000000]]\n', "")
+
+    monkeypatch.setattr(doctor.subprocess, "run", child)
+    assert doctor.gpu_descriptions() == [("NVIDIA H200", 150000000000)] * 2
+    assert asked and asked[0][0] == sys.executable
