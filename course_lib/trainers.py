@@ -6,19 +6,18 @@ clipping, LR scaling, measurements and checkpoints are the same code for all thr
 from __future__ import annotations
 
 import math
-import random
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint
+from .env import seed_everything
 from .amp import AMP_MODES, Precision
 from .loading import make_loader
 from .measure import PhaseTimer, peak_memory_bytes, reset_peak_memory
@@ -99,12 +98,6 @@ def scaled_lr(config: TrainConfig, global_batch_size: int) -> float:
     """lr for this global batch: unchanged, or scaled linearly / by the square root from the base batch."""
     ratio = global_batch_size / (config.base_global_batch_size or config.batch_size)
     return config.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[config.lr_scaling]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class Trainer:
