@@ -85,7 +85,8 @@ class History:
     rank: int = 0
     world_size: int = 1
     global_batch_size: int = 0
-    samples_per_second: float = 0.0                 # all ranks' samples / wall time
+    samples_per_second: float = 0.0  # all ranks' samples / the whole run's time, warm-up included;
+    # for the steady state, divide the global batch by the median of step_times
     phase_times: dict = field(default_factory=dict)  # seconds in data, forward, backward, optimizer
     step_times: list = field(default_factory=list)  # seconds per optimizer step of this run
     peak_memory_bytes: dict = field(default_factory=dict)  # {device: bytes} of this rank's devices
