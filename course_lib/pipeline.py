@@ -1,0 +1,125 @@
+"""The input pipeline: a deliberately slow dataset, precomputed features, a prefetcher, and the
+share of a loop's time spent waiting for data (what workers and prefetching are there to hide).
+"""
+import time
+
+import torch
+from torch.utils.data import Dataset
+
+from .data import make_dataset
+
+READ_SECONDS = 0.001  # per sample: like reading a file; a sleep frees the CPU and the GIL
+NEIGHBOURS = 8
+
+
+def neighbour_features(X: torch.Tensor, rows: torch.Tensor, k: int = NEIGHBOURS) -> torch.Tensor:
+    """For each of `rows`, the mean of X over its k nearest samples (itself included): a feature
+    made from the k-nearest-neighbour graph, costly because it compares the row with every sample."""
+    distances = torch.cdist(X[rows], X)
+    neighbours = distances.topk(k, dim=1, largest=False).indices  # (len(rows), k)
+    return X[neighbours].mean(dim=1)
+
+
+def precompute_features(dataset, path, k: int = NEIGHBOURS, chunk: int = 1024) -> None:
+    """Compute every sample's neighbour features once, in large batches, and save them to `path`."""
+    X = dataset.X
+    features = torch.cat([neighbour_features(X, torch.arange(start, min(start + chunk, len(X))), k)
+                          for start in range(0, len(X), chunk)])
+    torch.save(features, path)
+
+
+class SlowDataset(Dataset):
+    """The course's data with a slow input pipeline: each sample takes `read_seconds` to read,
+    then its neighbour features are computed on the fly (CPU work), unless `features_path` names
+    a file of precomputed ones, which each process memory-maps on first use."""
+
+    def __init__(self, n_samples: int = 2048, read_seconds: float = READ_SECONDS,
+                 features_path=None, k: int = NEIGHBOURS, seed: int = 0):
+        self.X, self.y = make_dataset(n_samples=n_samples, seed=seed).tensors
+        self.read_seconds, self.features_path, self.k = read_seconds, features_path, k
+        self._features = None  # opened lazily: a worker maps the file itself, nothing is pickled
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index):
+        time.sleep(self.read_seconds)
+        if self.features_path is None:
+            return neighbour_features(self.X, torch.tensor([index]), self.k)[0], self.y[index]
+        if self._features is None:
+            self._features = torch.load(self.features_path, mmap=True)
+        return self._features[index], self.y[index]
+
+
+def device_step(seconds: float):
+    """A stand-in for a training step on a GPU: the device is busy for `seconds` while the CPU is
+    free (a sleep), so the loop's data wait can be measured the same way on any machine."""
+    return lambda batch: time.sleep(seconds)
+
+
+def measure_data_wait(loader, step, steps: int = 30, warmup: int = 5) -> dict:
+    """Run `step(batch)` over `warmup + steps` batches of `loader`; returns the seconds of the last
+    `steps` spent waiting for a batch ("data") and in the step ("compute"). Shuts the workers down."""
+    times = {"data": 0.0, "compute": 0.0}
+    batches = iter(loader)
+    try:
+        for index in range(warmup + steps):
+            started = time.perf_counter()
+            batch = next(batches)
+            loaded = time.perf_counter()
+            step(batch)
+            if index >= warmup:
+                times["data"] += loaded - started
+                times["compute"] += time.perf_counter() - loaded
+    finally:
+        shutdown_workers(loader, batches)
+    return times
+
+
+def data_wait_share(phase_times: dict) -> float:
+    """The fraction of a loop's time spent waiting for data, from seconds per phase: the "data"
+    phase over all phases (a Trainer's History.phase_times, or measure_data_wait's result)."""
+    return phase_times["data"] / sum(phase_times.values())
+
+
+def shutdown_workers(loader, iterator=None) -> None:
+    """Stop a DataLoader's worker processes now, persistent ones included (each worker holds
+    memory and a CPU; a notebook should not leave them behind)."""
+    for running in (iterator, getattr(loader, "_iterator", None)):
+        if running is not None and hasattr(running, "_shutdown_workers"):
+            running._shutdown_workers()  # what the iterator's __del__ calls; private, but stable
+    if getattr(loader, "_iterator", None) is not None:
+        loader._iterator = None
+
+
+class Prefetcher:
+    """Iterate a loader with each batch already on `device`: on CUDA the copy of the next batch
+    runs on a side stream while the current step computes; elsewhere a plain `.to(device)`."""
+
+    def __init__(self, loader, device):
+        self.loader, self.device = loader, torch.device(device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        if self.stream is None:
+            for batch in self.loader:
+                yield tuple(tensor.to(self.device) for tensor in batch)
+            return
+        batches = iter(self.loader)
+        ready = self._copy(next(batches, None))
+        while ready is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self.stream)  # the step must not read the batch before it lands
+            for tensor in ready:
+                tensor.record_stream(compute)  # keep its memory until the step is done with it
+            batch, ready = ready, self._copy(next(batches, None))
+            yield batch
+
+    def _copy(self, batch):
+        if batch is None:
+            return None
+        with torch.cuda.stream(self.stream):  # non_blocking needs pinned memory to overlap
+            return tuple(tensor.to(self.device, non_blocking=True) for tensor in batch)

@@ -1,0 +1,111 @@
+"""The input-pipeline helpers: the slow dataset and its precomputed features, the data-wait
+measurement, worker shutdown and the prefetcher (its CPU path; the CUDA path needs a GPU)."""
+import multiprocessing
+import time
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_lib.checks.lesson10 import check_fast_loader
+from course_lib.pipeline import (Prefetcher, SlowDataset, data_wait_share, device_step,
+                                 measure_data_wait, neighbour_features, precompute_features,
+                                 shutdown_workers)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def features_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("features") / "neighbours.pt"
+    precompute_features(SlowDataset(), path)
+    return path
+
+
+def test_neighbour_features_average_the_k_nearest_samples():
+    X = torch.tensor([[0.0], [1.0], [10.0], [11.0], [30.0]])
+    features = neighbour_features(X, torch.tensor([0, 3]), k=2)
+    assert torch.equal(features, torch.tensor([[0.5], [10.5]]))
+
+
+def test_slow_dataset_sleeps_and_keeps_the_course_labels():
+    dataset = SlowDataset(n_samples=64, read_seconds=0.01)
+    started = time.perf_counter()
+    x, y = dataset[3]
+    assert time.perf_counter() - started >= 0.01
+    assert x.shape == (16,) and y == dataset.y[3]
+
+
+def test_precomputed_features_match_the_ones_computed_per_sample(features_path):
+    on_the_fly, precomputed = SlowDataset(read_seconds=0), SlowDataset(read_seconds=0,
+                                                                       features_path=features_path)
+    for index in (0, 5, 2047):
+        assert torch.allclose(on_the_fly[index][0], precomputed[index][0], atol=1e-6)
+        assert on_the_fly[index][1] == precomputed[index][1]
+
+
+def test_workers_load_the_memory_mapped_features(features_path):
+    dataset = SlowDataset(n_samples=2048, read_seconds=0, features_path=features_path)
+    in_process = list(DataLoader(dataset, batch_size=256))
+    workers = DataLoader(dataset, batch_size=256, num_workers=2)
+    for (x0, y0), (x1, y1) in zip(in_process, workers):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+        assert x1.is_shared()  # the batch came from a worker, through shared memory
+
+
+def test_data_wait_share_of_phase_times():
+    assert data_wait_share({"data": 1.0, "forward": 1.0, "backward": 2.0, "optimizer": 0.0}) == 0.25
+    assert data_wait_share({"compute": 3.0, "data": 1.0}) == 0.25
+
+
+def test_workers_hide_the_reads(features_path):
+    # Generous margins: the reads are sleeps, so even 2 busy cores keep the order.
+    dataset = SlowDataset(read_seconds=0.001, features_path=features_path)
+    step = device_step(0.02)
+    alone = measure_data_wait(DataLoader(dataset, batch_size=32), step, steps=8, warmup=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # more workers than cores
+        workers = DataLoader(dataset, batch_size=32, num_workers=4, prefetch_factor=4)
+        hidden = measure_data_wait(workers, step, steps=8, warmup=6)
+    assert alone["data"] >= 8 * 32 * 0.001
+    assert data_wait_share(alone) > 0.4 and data_wait_share(hidden) < data_wait_share(alone) / 2
+
+
+def test_shutdown_workers_stops_persistent_workers(features_path):
+    dataset = SlowDataset(n_samples=256, read_seconds=0, features_path=features_path)
+    loader = DataLoader(dataset, batch_size=32, num_workers=2, persistent_workers=True)
+    for _ in loader:
+        pass
+    workers = loader._iterator._workers
+    assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
+    shutdown_workers(loader)
+    assert loader._iterator is None and not any(worker.is_alive() for worker in workers)
+
+
+def test_prefetcher_on_the_cpu_yields_the_loaders_batches():
+    dataset = SlowDataset(n_samples=64, read_seconds=0)
+    loader = DataLoader(dataset, batch_size=16)
+    prefetched = list(Prefetcher(loader, "cpu"))
+    assert len(prefetched) == len(Prefetcher(loader, "cpu")) == 4
+    for (x0, y0), (x1, y1) in zip(loader, prefetched):
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_prefetcher_on_cuda_yields_the_loaders_batches_on_the_gpu():
+    dataset = SlowDataset(n_samples=64, read_seconds=0)
+    loader = DataLoader(dataset, batch_size=16, pin_memory=True)
+    for (x0, y0), (x1, y1) in zip(loader, Prefetcher(loader, "cuda")):
+        assert x1.is_cuda and torch.equal(x0, x1.cpu()) and torch.equal(y0, y1.cpu())
+
+
+def test_fast_loader_grader_passes_the_reference(features_path, capsys):
+    def fast_loader():
+        return DataLoader(SlowDataset(features_path=features_path), batch_size=32, shuffle=True,
+                          num_workers=4, prefetch_factor=4)
+
+    running_before = set(multiprocessing.active_children())
+    check_fast_loader(fast_loader)
+    assert capsys.readouterr().out == "✓ a loader that hides the data wait: passed\n"
+    assert set(multiprocessing.active_children()) <= running_before  # its workers are gone
