@@ -3,25 +3,14 @@ import os
 
 import torch.distributed as dist
 
-from . import expect, expect_equal, grader, wrong_answer
-
-LAUNCH_TIMEOUT_S = 60
-
+from . import expect_equal, grader, wrong_answer
+from .ranks import run_on_ranks
 
 def _launch_whoami(whoami, nprocs: int) -> list:
-    from ..launch import DistributedRunError, launch
-
-    try:
-        results = launch(whoami, nprocs=nprocs, timeout=LAUNCH_TIMEOUT_S, output="none")
-    except DistributedRunError as error:
-        if "NotImplementedError" in str(error):
-            raise NotImplementedError("whoami") from None
-        lines = str(error).strip().splitlines()
-        cause = next((line.strip() for line in lines if line.strip().startswith("Root cause")),
-                     lines[0] if lines else "")
-        expect(False, f"launch(whoami, nprocs={nprocs})", "every rank to return a result",
-               cause, "fix the error whoami raised in its rank; run it yourself with "
-               "launch(whoami, nprocs=2, timeout=60) to see the whole traceback")
+    results = run_on_ranks(whoami, nprocs=nprocs, what=f"launch(whoami, nprocs={nprocs})",
+                           hang_hint="whoami needs no collective: just return (rank, world_size)",
+                           crash_hint="fix the error whoami raised in its rank; run it yourself with "
+                                      "launch(whoami, nprocs=2, timeout=60) to see the whole traceback")
     return [tuple(result) if isinstance(result, list) else result for result in results]
 
 

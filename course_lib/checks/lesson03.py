@@ -4,7 +4,6 @@ leave on each rank, build a ring all-reduce from send/recv, and invert the ring'
 The ring grader launches the learner's function on 2, 3 and 4 ranks (gloo, on the CPU, so it
 grades the same on a laptop and a GPU node), checks the sums and counts the bytes each rank sends.
 """
-import warnings
 
 import numpy as np
 import torch
@@ -12,8 +11,8 @@ import torch.distributed as dist
 
 from ..collectives import (_send_right_receive_left, count_traffic, naive_all_reduce, ring_chunks,
                            ring_all_reduce_time)
-from ..launch import DistributedRunError, launch
-from . import GradingError, expect, expect_close, grader, wrong_answer
+from . import expect, expect_close, grader, wrong_answer
+from .ranks import run_on_ranks
 
 LAUNCH_TIMEOUT_S = 20
 PUZZLE_WORLD_SIZE = 3
@@ -197,26 +196,11 @@ def _swaps_alpha_and_beta(sizes_bytes, seconds, world_size):
 
 def _launch_for_grading(fn, *args, nprocs, what):
     """Run fn on nprocs gloo ranks, silently; a failure or a hang becomes a GradingError."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # more ranks than cores: fine for grading
-        try:
-            return launch(fn, *args, nprocs=nprocs, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
-                          output="none")
-        except DistributedRunError as error:
-            failure = error.root_cause
-            if error.timed_out:
-                waits = "; ".join(f"rank {f.rank} waits in {f.waiting_in or 'an unknown place'}"
-                                  for f in sorted(error.failures.values(), key=lambda f: f.rank))
-                raise GradingError(what, f"every rank to finish within {LAUNCH_TIMEOUT_S} s",
-                                   f"the ranks hung: {waits}",
-                                   "a blocking send waits for its receiver: if every rank sends "
-                                   "first, nobody receives. Post the send and the receive "
-                                   "together (send_right_receive_left)") from None
-            if failure.summary.startswith("NotImplementedError"):
-                raise NotImplementedError(failure.summary.partition(": ")[2]) from None
-            raise GradingError(what, "every rank to finish without an error",
-                               failure.headline(),
-                               "the traceback above shows where the rank failed") from error
+    return run_on_ranks(fn, *args, nprocs=nprocs, what=what, timeout=LAUNCH_TIMEOUT_S,
+                        hang_hint="a blocking send waits for its receiver: if every rank sends first, "
+                                  "nobody receives. Post the send and the receive together "
+                                  "(send_right_receive_left)",
+                        crash_hint="the traceback above shows where the rank failed")
 
 
 WRONG_ANSWERS = {
