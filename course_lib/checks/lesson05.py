@@ -5,7 +5,6 @@ The loop's grader runs your function on 2 gloo ranks (on the CPU, so it grades t
 laptop and a GPU node), counts DDP's all-reduces with a comm hook, and compares the weights after
 every optimizer step with one process that trains on the whole global batch.
 """
-import warnings
 from contextlib import nullcontext
 
 import torch
@@ -13,7 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from . import GradingError, expect, expect_close, grader, wrong_answer
+from .ranks import run_on_ranks
+from . import expect, expect_close, grader, wrong_answer
 from ..data import make_dataset
 from ..models import make_model
 
@@ -159,27 +159,12 @@ def _cases_on_rank(train_with_accumulation):
 
 
 def _run_on_ranks(fn, *args, what: str):
-    """fn(*args) on WORLD_SIZE gloo ranks, quietly; a crash or a hang becomes a GradingError, the
-    learner's stub a NotImplementedError (which @grader turns into advice)."""
-    from ..errors import DistributedRunError
-    from ..launch import launch
-
-    try:
-        with warnings.catch_warnings():  # e.g. "2 ranks on 1 CPU core" must not reach the check cell
-            warnings.simplefilter("ignore")
-            return launch(fn, *args, nprocs=WORLD_SIZE, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
-                          output="none")
-    except DistributedRunError as error:
-        if error.timed_out:
-            raise GradingError(what, f"both ranks to finish within {LAUNCH_TIMEOUT_S} s",
-                               "the ranks hung", "every rank must run the same backward passes "
-                               "outside no_sync, so that DDP's all-reduces pair up") from None
-        cause = error.root_cause
-        if cause.summary.startswith("NotImplementedError"):
-            raise NotImplementedError(cause.summary.partition(": ")[2]) from None
-        raise GradingError(what, f"your function to run on {WORLD_SIZE} ranks", cause.headline(),
-                           "run the cell that defines it; it gets (ddp_model, optimizer, "
-                           "micro_batches, grad_accum_steps) and returns a list of losses") from None
+    """fn(*args) on WORLD_SIZE quiet gloo ranks; a crash, a hang or a stub is explained."""
+    return run_on_ranks(fn, *args, nprocs=WORLD_SIZE, what=what, timeout=LAUNCH_TIMEOUT_S,
+                        hang_hint="every rank must run the same backward passes outside no_sync, "
+                                  "so that DDP's all-reduces pair up",
+                        crash_hint="run the cell that defines it; it gets (ddp_model, optimizer, "
+                                   "micro_batches, grad_accum_steps) and returns a list of losses")
 
 
 def _close(a, b) -> bool:

@@ -9,7 +9,6 @@ import os
 import re
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -17,7 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from . import GradingError, expect, expect_close, expect_equal, grader, wrong_answer
+from .ranks import run_on_ranks
+from . import expect, expect_close, expect_equal, grader, wrong_answer
 from ..data import make_dataset
 from ..models import make_model
 
@@ -268,31 +268,18 @@ def _resume_on_rank(save_training_state, load_training_state, path):
 
 
 def _run_on_ranks(fn, *args, what: str):
-    """fn(*args) on WORLD_SIZE quiet gloo ranks; a rank's error becomes a GradingError."""
-    from ..errors import DistributedRunError
-    from ..launch import launch
+    """fn(*args) on WORLD_SIZE quiet gloo ranks; a crash, a hang or a stub is explained."""
+    return run_on_ranks(fn, *args, nprocs=WORLD_SIZE, what=what, timeout=LAUNCH_TIMEOUT_S,
+                        hang_hint="every rank must call the same collectives (all_gather_object, "
+                                  "barrier) in the same order: call them outside `if rank == 0`",
+                        crash_hint=_crash_hint)
 
-    try:
-        with warnings.catch_warnings():  # e.g. "2 ranks on 1 CPU core" must not reach the check cell
-            warnings.simplefilter("ignore")
-            return launch(fn, *args, nprocs=WORLD_SIZE, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
-                          output="none")
-    except DistributedRunError as error:
-        if error.timed_out:
-            waiting = sorted({failure.waiting_in for failure in error.failures.values()} - {""})
-            raise GradingError(what, f"both ranks to finish within {LAUNCH_TIMEOUT_S} s",
-                               "the ranks hung" + (f" (waiting in {', '.join(waiting)})" if waiting else ""),
-                               "every rank must call the same collectives (all_gather_object, "
-                               "barrier) in the same order: call them outside `if rank == 0`") from None
-        cause = error.root_cause
-        if cause.summary.startswith("NotImplementedError"):
-            raise NotImplementedError(cause.summary.partition(": ")[2]) from None
-        hint = "run the cell that defines them, and read the error"
-        if "module." in cause.traceback:
-            hint = ("the checkpoint's keys start with 'module.': you saved the DDP wrapper's "
-                    "state_dict; save the model inside it, ddp_model.module.state_dict()")
-        raise GradingError(what, f"your functions to run on {WORLD_SIZE} ranks",
-                           cause.headline()[:300], hint) from None
+
+def _crash_hint(cause) -> str:
+    if "module." in cause.traceback:
+        return ("the checkpoint's keys start with 'module.': you saved the DDP wrapper's "
+                "state_dict; save the model inside it, ddp_model.module.state_dict()")
+    return "run the cell that defines them, and read the error"
 
 
 def _tensors_and_dicts(value):

@@ -14,7 +14,10 @@ def run_on_ranks(fn, *args, nprocs: int = 2, what: str, hang_hint: str,
                  crash_hint: str = "the error is raised in your function: fix it, run its cell again, "
                                    "then the check",
                  timeout: float = LAUNCH_TIMEOUT_S, **kwargs):
-    """fn(*args, **kwargs) on `nprocs` gloo ranks, with nothing printed; [result of each rank]."""
+    """fn(*args, **kwargs) on `nprocs` gloo ranks, with nothing printed; [result of each rank].
+
+    `crash_hint` may be a function of the root cause (a RankFailure) that returns the hint.
+    """
     from ..errors import DistributedRunError
     from ..launch import launch
 
@@ -33,5 +36,6 @@ def run_on_ranks(fn, *args, nprocs: int = 2, what: str, hang_hint: str,
         if cause.summary.startswith("NotImplementedError"):
             raise NotImplementedError(cause.summary.partition(": ")[2]) from None
         # chained: the learner sees the rank's own traceback above the grader's message
-        raise GradingError(what, f"your function to run on {nprocs} ranks", cause.headline(),
-                           crash_hint) from error
+        hint = crash_hint(cause) if callable(crash_hint) else crash_hint
+        raise GradingError(what, f"your function to run on {nprocs} ranks", cause.headline()[:300],
+                           hint) from error
