@@ -1,0 +1,172 @@
+"""Multi-node jobs: where each rank lives in a node layout, torchrun command lines, a SLURM batch
+script, and running several simulated "nodes" (torchrun agents) on this machine under a timeout.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+__all__ = ["RankPlace", "rank_layout", "free_port", "torchrun_command", "run_nodes", "NodeRun",
+           "slurm_script"]
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """One process of a job: its global rank, its node, and its number on that node."""
+
+    rank: int
+    node_rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+
+def rank_layout(nproc_per_node) -> list:
+    """Every process of a job, in rank order. `nproc_per_node` is one int per node (a list), or
+    (nnodes, nproc) for equal nodes. Ranks are numbered node by node, as torchrun does."""
+    if isinstance(nproc_per_node, tuple) and len(nproc_per_node) == 2:
+        nnodes, nproc = nproc_per_node
+        nproc_per_node = [nproc] * nnodes
+    if not nproc_per_node or any(n < 1 for n in nproc_per_node):
+        raise ValueError(f"need at least one node and one process per node, got {nproc_per_node}")
+    world_size, places, first_rank = sum(nproc_per_node), [], 0
+    for node_rank, nproc in enumerate(nproc_per_node):
+        places += [RankPlace(first_rank + local_rank, node_rank, local_rank, world_size, nproc)
+                   for local_rank in range(nproc)]
+        first_rank += nproc  # a node's ranks start after every earlier node's
+    return places
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (bound to port 0, then released) for a rendezvous endpoint."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def torchrun_command(script_and_args, nnodes: int = 1, nproc_per_node: int = 1,
+                     node_rank: int | None = None, endpoint: str = "127.0.0.1:29500",
+                     rdzv: str = "static", max_restarts: int = 0, run_id: str = "course") -> list:
+    """argv for `python -m torch.distributed.run` (torchrun). rdzv="static": rank 0's node hosts
+    the store at `endpoint` and each node says its --node_rank; rdzv="c10d": the nodes meet at
+    `endpoint` and the rendezvous numbers them (elastic: restarts, nodes joining and leaving)."""
+    host, port = endpoint.rsplit(":", 1)
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+               f"--nproc_per_node={nproc_per_node}"]
+    if rdzv == "static":
+        if node_rank is None:
+            raise ValueError("a static rendezvous needs node_rank (0 on the node at endpoint)")
+        command += [f"--node_rank={node_rank}", f"--master_addr={host}", f"--master_port={port}"]
+    elif rdzv == "c10d":
+        command += ["--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}"]
+    else:
+        raise ValueError(f"rdzv={rdzv!r} is not 'static' or 'c10d'")
+    if max_restarts:
+        command.append(f"--max_restarts={max_restarts}")
+    return command + list(script_and_args)
+
+
+@dataclass
+class NodeRun:
+    """What one simulated node (one torchrun agent and its workers) did."""
+
+    returncode: int
+    output: str  # stdout and stderr, interleaved as they came
+
+    def lines(self, prefix: str = "") -> list:
+        return [line for line in self.output.splitlines() if line.startswith(prefix)]
+
+
+def run_nodes(commands, timeout: float, cwd=None, env=None) -> list:
+    """Start each command (one per node) at once, each in its own process group, and wait for all.
+
+    On a timeout, an interrupt or any error, every process group still running is killed by its
+    leader's pid, so no torchrun agent or worker survives; a timeout raises TimeoutError.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    processes = []
+    try:
+        for command in commands:
+            processes.append(subprocess.Popen(command, cwd=cwd, env=env, text=True,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+        outputs = _communicate_all(processes, timeout)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                _kill_group(process)
+    return [NodeRun(process.returncode, output) for process, output in zip(processes, outputs)]
+
+
+def _communicate_all(processes, timeout):
+    import threading
+    import time
+
+    outputs = [""] * len(processes)
+
+    def read(index):
+        outputs[index] = processes[index].stdout.read()
+
+    readers = [threading.Thread(target=read, args=(index,), daemon=True)
+               for index in range(len(processes))]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                _kill_group(other)
+            raise TimeoutError(f"the {len(processes)} nodes did not finish within {timeout:g} s; "
+                               f"every process they started was killed") from None
+    for reader in readers:
+        reader.join(timeout=5)
+    return outputs
+
+
+def _kill_group(process) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the group this Popen leads: agent and workers
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def slurm_script(command: str, nodes: int = 2, gpus_per_node: int = 8, job_name: str = "ddp",
+                 time: str = "01:00:00", cpus_per_task: int = 32, partition: str | None = None,
+                 env: dict | None = None, max_restarts: int = 0) -> str:
+    """A batch script for `sbatch`: one srun task per node, each a torchrun that starts
+    gpus_per_node ranks; the nodes meet at the first node's address (c10d rendezvous)."""
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={job_name}",
+             f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gpus-per-node={gpus_per_node}",
+             f"#SBATCH --cpus-per-task={cpus_per_task}",
+             f"#SBATCH --time={time}"]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    lines += ["#SBATCH --output=%x-%j.out",
+              "",
+              "set -euo pipefail",
+              'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))",
+              f"export OMP_NUM_THREADS={max(cpus_per_task // gpus_per_node, 1)}"]
+    lines += [f"export {name}={shlex.quote(str(value))}" for name, value in (env or {}).items()]
+    lines += ["",
+              "srun torchrun \\",
+              '    --nnodes="$SLURM_NNODES" \\',
+              f"    --nproc_per_node={gpus_per_node} \\",
+              '    --rdzv_id="$SLURM_JOB_ID" \\',
+              "    --rdzv_backend=c10d \\",
+              '    --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\']
+    if max_restarts:
+        lines.append(f"    --max_restarts={max_restarts} \\")
+    lines.append(f"    {command}")
+    return "\n".join(lines) + "\n"
