@@ -57,7 +57,7 @@ def device_step(seconds: float):
     return lambda batch: time.sleep(seconds)
 
 
-def measure_data_wait(loader, step, steps: int = 30, warmup: int = 5) -> dict:
+def measure_data_wait(loader, step, steps: int = 20, warmup: int = 10) -> dict:
     """Run `step(batch)` over `warmup + steps` batches of `loader`; returns the seconds of the last
     `steps` spent waiting for a batch ("data") and in the step ("compute"). Shuts the workers down."""
     times = {"data": 0.0, "compute": 0.0}
