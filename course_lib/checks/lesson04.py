@@ -1,14 +1,13 @@
 """Graders for lesson 04, the DDP flow: the broadcast at construction, DDP by hand, and the
 indices DistributedSampler deals each rank. The distributed graders run your function on 2 ranks.
 """
-import warnings
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from . import GradingError, expect, expect_equal, grader, wrong_answer
+from .ranks import run_on_ranks
 from ..data import make_dataset
 from ..models import make_model
 
@@ -20,31 +19,16 @@ SAME_COLLECTIVES = ("every rank must call the same collectives, in the same orde
                     "of the same shape")
 
 
-def run_on_ranks(fn, *args, what: str):
-    """fn(*args) on WORLD_SIZE gloo ranks, quietly; a failure becomes a GradingError (or, when
-    the learner's stub raised, NotImplementedError, which @grader turns into advice)."""
-    from ..errors import DistributedRunError
-    from ..launch import launch
+def _run_on_ranks(fn, *args, what: str):
+    """fn(*args) on WORLD_SIZE quiet gloo ranks; a crash, a hang or a stub is explained."""
+    return run_on_ranks(fn, *args, nprocs=WORLD_SIZE, what=what, timeout=LAUNCH_TIMEOUT_S,
+                        hang_hint=SAME_COLLECTIVES, crash_hint=_crash_hint)
 
-    try:
-        with warnings.catch_warnings():  # e.g. "2 ranks on 1 CPU core" must not reach the check cell
-            warnings.simplefilter("ignore")
-            return launch(fn, *args, nprocs=WORLD_SIZE, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
-                          output="none")
-    except DistributedRunError as error:
-        if error.timed_out:
-            waiting = sorted({failure.waiting_in for failure in error.failures.values()} - {""})
-            raise GradingError(what, f"both ranks to finish within {LAUNCH_TIMEOUT_S} s",
-                               "the ranks hung" + (f" (waiting in {', '.join(waiting)})" if waiting else ""),
-                               SAME_COLLECTIVES) from None
-        cause = error.root_cause
-        if cause.summary.startswith("NotImplementedError"):
-            raise NotImplementedError(cause.summary.partition(": ")[2]) from None
-        broken_link = any(word in cause.summary for word in ("gloo", "Connection", "NCCL"))
-        raise GradingError(what, f"your function to run on {WORLD_SIZE} ranks", cause.headline(),
-                           SAME_COLLECTIVES if broken_link else
-                           "the error is raised in your function: fix it, run its cell again, "
-                           "then the check") from None
+
+def _crash_hint(cause) -> str:
+    if any(word in cause.summary for word in ("gloo", "Connection", "NCCL")):
+        return SAME_COLLECTIVES  # a peer left: the ranks did not call the same collectives
+    return "the error is raised in your function: fix it, run its cell again, then the check"
 
 
 # -- exercise 1: the broadcast at construction ---------------------------------------------------
@@ -58,7 +42,7 @@ def _broadcast_on_rank(broadcast_parameters):
 @grader("broadcast the parameters")
 def check_broadcast_parameters(broadcast_parameters):
     what = "broadcast_parameters(model) on 2 ranks"
-    results = run_on_ranks(_broadcast_on_rank, broadcast_parameters, what=what)
+    results = _run_on_ranks(_broadcast_on_rank, broadcast_parameters, what=what)
     rank0_initial = parameters_to_vector(make_model(seed=BROADCAST_SEED).parameters()).detach()
     ranks_agree = torch.equal(results[0], results[1])
     for rank, got in enumerate(results):
@@ -167,7 +151,7 @@ def check_train_step_by_hand(train_step_by_hand):
     what = "train_step_by_hand on 2 ranks"
     # first, so that the ranks fork with torch.optim's imports done (seconds each otherwise)
     single_losses, single_weights = _single_process_run()
-    results = run_on_ranks(_by_hand_on_rank, train_step_by_hand, what=what)
+    results = _run_on_ranks(_by_hand_on_rank, train_step_by_hand, what=what)
     for step in range(STEPS):
         before, after = single_weights[step], single_weights[step + 1]
         for rank, (_, weights, ddp_weights) in enumerate(results):
