@@ -6,6 +6,7 @@ step); weak scaling keeps each rank's batch, so a step does N times the work (id
 """
 import statistics
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -165,10 +166,14 @@ def measure_scaling(world_sizes, batch_size: int, scaling: str = "strong", runs:
             raise ValueError(f"strong scaling splits the global batch {batch_size} over {n} "
                              f"ranks: pick a batch_size divisible by every world size")
     medians = {n: [] for n in world_sizes}
-    for _ in range(runs):
-        for n in world_sizes:
-            per_rank = batch_size // n if scaling == "strong" else batch_size
-            medians[n].append(measure_step_seconds(n, per_rank, **measure_kwargs).median)
+    with warnings.catch_warnings(record=True) as caught:  # launch warns on every run: say it once
+        warnings.simplefilter("always")
+        for _ in range(runs):
+            for n in world_sizes:
+                per_rank = batch_size // n if scaling == "strong" else batch_size
+                medians[n].append(measure_step_seconds(n, per_rank, **measure_kwargs).median)
+    for message, category in {str(w.message): w.category for w in caught}.items():
+        warnings.warn(message, category, stacklevel=2)
     return medians
 
 
