@@ -50,6 +50,36 @@ class PhaseTimer:
         return dict(self.totals)
 
 
+class StepClock:
+    """Seconds per optimizer step: `tick()` after each step, `seconds()` at the end.
+
+    On CUDA the clock is a CUDA event per step, read back once at the end: the wall clock would
+    time how fast steps are queued, not how long the GPU takes, and synchronising every step
+    would stop the CPU from running ahead.
+    """
+
+    def __init__(self, device: torch.device):
+        self.on_cuda = device.type == "cuda"
+        self._marks = [self._mark()]
+
+    def _mark(self):
+        if not self.on_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def tick(self) -> None:
+        self._marks.append(self._mark())
+
+    def seconds(self) -> list:
+        marks = self._marks
+        if not self.on_cuda:
+            return [end - begin for begin, end in zip(marks, marks[1:])]
+        marks[-1].synchronize()
+        return [begin.elapsed_time(end) / 1000.0 for begin, end in zip(marks, marks[1:])]
+
+
 def reset_peak_memory(devices: list) -> None:
     for device in devices:
         if device.type == "cuda":

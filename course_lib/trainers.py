@@ -20,7 +20,7 @@ from . import checkpoint
 from .env import seed_everything
 from .amp import AMP_MODES, Precision
 from .loading import make_loader
-from .measure import PhaseTimer, peak_memory_bytes, reset_peak_memory
+from .measure import PhaseTimer, StepClock, peak_memory_bytes, reset_peak_memory
 from .strategies import STRATEGIES, make_strategy
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -143,7 +143,7 @@ class Trainer:
                    desc=f"{config.strategy} x{self.strategy.world_size}",
                    disable=not (config.progress and self.strategy.rank == 0))
         unreduced_losses, samples, started = [], 0, time.perf_counter()
-        step_started = started
+        step_clock = StepClock(self.device)
         while self.global_step < self.total_steps:
             skip = self.position * config.grad_accum_steps * self.loader.batch_size
             self.loader.sampler.set_epoch(self.epoch, skip=skip)
@@ -155,9 +155,7 @@ class Trainer:
                 unreduced_losses.append(loss)
                 samples += step_samples
                 self.position, self.global_step = self.position + 1, self.global_step + 1
-                now = time.perf_counter()
-                history.step_times.append(now - step_started)
-                step_started = now
+                step_clock.tick()
                 bar.update(1)
                 if not bar.disable and self.global_step % 10 == 0:
                     bar.set_postfix(loss=f"{loss.item():.4f}")  # this rank's loss: no collective
@@ -168,6 +166,7 @@ class Trainer:
                     self.save_checkpoint()
         self._average_losses(unreduced_losses)
         bar.close()
+        history.step_times.extend(step_clock.seconds())
         self._finish_history(timer, samples, time.perf_counter() - started)
         return history
 

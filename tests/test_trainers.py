@@ -1,5 +1,6 @@
 """The trainer in one process: config errors, single and DP strategies, accumulation, AMP, LR, clipping."""
 import pickle
+import time
 
 import pytest
 import torch
@@ -30,8 +31,11 @@ def test_config_rejects_bad_values(field, value, message):
 
 
 def test_single_trains_and_measures():
+    started = time.perf_counter()
     history = train(n_samples=128, batch_size=16, epochs=3, lr=0.3, dtype=torch.float32)
-    assert len(history.losses) == len(history.learning_rates) == 3 * 128 // 16
+    wall = time.perf_counter() - started
+    assert len(history.losses) == len(history.learning_rates) == len(history.step_times) == 3 * 128 // 16
+    assert all(seconds > 0 for seconds in history.step_times) and sum(history.step_times) <= wall
     assert history.losses[-1] < history.losses[0]
     assert history.global_batch_size == 16 and history.world_size == 1
     assert set(history.phase_times) == {"data", "forward", "backward", "optimizer"}
