@@ -73,9 +73,9 @@ def load_checkpoint(path, map_location="cpu") -> dict:
         raise
     except Exception as error:  # torch raises RuntimeError, EOFError or UnpicklingError by case
         raise CheckpointError(
-            f"checkpoint {path} cannot be loaded: it is truncated or corrupt (a crash or a full "
+            f"checkpoint {Path(path).name} cannot be loaded: it is truncated or corrupt (a crash or a full "
             f"disk during the save), or holds objects weights_only=True refuses (only tensors and "
-            f"plain containers load). Delete it to resume from the previous one. "
+            f"plain containers load). Delete it from the checkpoint folder to resume from the previous one. "
             f"({type(error).__name__}: {str(error)[:300]})") from error
 
 

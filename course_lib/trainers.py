@@ -252,7 +252,7 @@ class Trainer:
         state, path = found
         if len(state["rng"]) != self.strategy.num_shards:
             raise ValueError(
-                f"{path} was saved by {len(state['rng'])} ranks, but this run has "
+                f"checkpoint {path.name} was saved by {len(state['rng'])} ranks, but this run has "
                 f"{self.strategy.num_shards}; resume with the same number of ranks for an exact resume")
         self.strategy.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
