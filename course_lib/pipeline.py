@@ -4,7 +4,7 @@ share of a loop's time spent waiting for data (what workers and prefetching are 
 import time
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from .data import make_dataset
 
@@ -49,6 +49,24 @@ class SlowDataset(Dataset):
         if self._features is None:
             self._features = torch.load(self.features_path, mmap=True)
         return self._features[index], self.y[index]
+
+
+class Stamped(Dataset):
+    """Each sample of `dataset`, with when it was loaded (perf_counter: a clock that the processes
+    of a machine share) and which worker loaded it (-1: the main process)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        started = time.perf_counter()
+        x, y = self.dataset[index]
+        worker = get_worker_info()  # None in the main process
+        stamps = torch.tensor([started, time.perf_counter()], dtype=torch.float64)
+        return x, y, stamps, worker.id if worker else -1
 
 
 def device_step(seconds: float):

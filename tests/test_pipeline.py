@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_lib.checks.lesson10 import check_fast_loader
-from course_lib.pipeline import (Prefetcher, SlowDataset, data_wait_share, device_step,
+from course_lib.pipeline import (Prefetcher, SlowDataset, Stamped, data_wait_share, device_step,
                                  measure_data_wait, neighbour_features, precompute_features,
                                  shutdown_workers)
 
@@ -52,6 +52,16 @@ def test_workers_load_the_memory_mapped_features(features_path):
     for (x0, y0), (x1, y1) in zip(in_process, workers):
         assert torch.equal(x0, x1) and torch.equal(y0, y1)
         assert x1.is_shared()  # the batch came from a worker, through shared memory
+
+
+def test_stamped_samples_say_when_and_which_worker_loaded_them():
+    dataset = Stamped(SlowDataset(n_samples=64, read_seconds=0.001))
+    x, y, stamps, worker = dataset[0]
+    assert worker == -1 and stamps[1] - stamps[0] >= 0.001 and x.shape == (16,)
+    before = time.perf_counter()
+    batches = list(DataLoader(dataset, batch_size=16, num_workers=2))
+    workers = sorted({int(batch[3][0]) for batch in batches})
+    assert workers == [0, 1] and all(before < float(batch[2].min()) for batch in batches)
 
 
 def test_data_wait_share_of_phase_times():
