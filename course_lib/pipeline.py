@@ -14,7 +14,7 @@ NEIGHBOURS = 8
 
 def neighbour_features(X: torch.Tensor, rows: torch.Tensor, k: int = NEIGHBOURS) -> torch.Tensor:
     """For each of `rows`, the mean of X over its k nearest samples (itself included): a feature
-    made from the k-nearest-neighbour graph, costly because it compares the row with every sample."""
+    from the k-nearest-neighbour graph, costly as it compares the row with every sample."""
     distances = torch.cdist(X[rows], X)
     neighbours = distances.topk(k, dim=1, largest=False).indices  # (len(rows), k)
     return X[neighbours].mean(dim=1)
@@ -76,8 +76,9 @@ def device_step(seconds: float):
 
 
 def measure_data_wait(loader, step, steps: int = 20, warmup: int = 10) -> dict:
-    """Run `step(batch)` over `warmup + steps` batches of `loader`; returns the seconds of the last
-    `steps` spent waiting for a batch ("data") and in the step ("compute"). Shuts the workers down."""
+    """Run `step(batch)` over `warmup + steps` batches of `loader`; returns the seconds of the
+    last `steps` spent waiting for a batch ("data") and in the step ("compute").
+    Stops the loader's workers when done."""
     times = {"data": 0.0, "compute": 0.0}
     batches = iter(loader)
     try:
