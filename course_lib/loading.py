@@ -37,7 +37,11 @@ def make_loader(dataset, config, num_shards: int, rank: int, loader_batch_size: 
             f"({num_shards} x {loader_batch_size} = {too_little}); use more data, a smaller "
             f"batch_size, or fewer ranks")
     sampler = ResumableSampler(dataset, num_shards, rank, config.shuffle, config.seed, config.drop_last)
+    workers = {}
+    if config.num_workers > 0:
+        workers = {"persistent_workers": config.persistent_workers,
+                   "prefetch_factor": config.prefetch_factor}
     return DataLoader(
         dataset, batch_size=loader_batch_size, sampler=sampler, drop_last=config.drop_last,
         num_workers=config.num_workers, pin_memory=config.pin_memory,
-        generator=torch.Generator().manual_seed(config.seed + rank))
+        generator=torch.Generator().manual_seed(config.seed + rank), **workers)

@@ -51,6 +51,8 @@ class TrainConfig:
     drop_last: bool = False
     num_workers: int = 0
     pin_memory: bool = False
+    prefetch_factor: Optional[int] = None    # batches each worker loads ahead (torch's default: 2)
+    persistent_workers: bool = False         # keep the workers between epochs (needs num_workers)
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 0                # optimizer steps; 0 saves at the end of each epoch
     keep_last: int = 2
@@ -70,6 +72,9 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps={self.max_steps} must be at least 1 (or None to use epochs)")
+        if (self.prefetch_factor is not None or self.persistent_workers) and self.num_workers < 1:
+            raise ValueError("prefetch_factor and persistent_workers are settings of DataLoader "
+                             "workers: set num_workers to 1 or more, or leave them out")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir, the folder to resume from")
 

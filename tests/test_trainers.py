@@ -71,6 +71,16 @@ def test_dataloader_workers_give_the_same_run():
     in_process = train(batch_size=8, max_steps=4, shuffle=True)
     with_workers = train(batch_size=8, max_steps=4, shuffle=True, num_workers=2)
     assert with_workers.losses == in_process.losses
+    tuned = train(batch_size=8, epochs=2, shuffle=True, num_workers=2, prefetch_factor=4,
+                  persistent_workers=True)
+    assert tuned.losses[:4] == in_process.losses
+
+
+def test_loader_options_need_workers():
+    with pytest.raises(ValueError, match="set num_workers to 1 or more"):
+        TrainConfig(persistent_workers=True)
+    with pytest.raises(ValueError, match="set num_workers to 1 or more"):
+        TrainConfig(prefetch_factor=4)
 
 
 def test_ddp_without_a_process_group_says_how_to_launch():
