@@ -159,6 +159,8 @@ def slurm_script(command: str, nodes: int = 2, gpus_per_node: int = 8, job_name:
               "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))",
               f"export OMP_NUM_THREADS={max(cpus_per_task // gpus_per_node, 1)}"]
     lines += [f"export {name}={shlex.quote(str(value))}" for name, value in (env or {}).items()]
+    if max_restarts:  # ranks of each round meet in a fresh store (pytorch/pytorch#135712)
+        lines.append("export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     lines += ["",
               "srun torchrun \\",
               '    --nnodes="$SLURM_NNODES" \\',

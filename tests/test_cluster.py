@@ -64,6 +64,7 @@ def test_slurm_script_is_valid_bash_with_one_torchrun_per_node():
                      "#SBATCH --partition=gpu", 'scontrol show hostnames "$SLURM_JOB_NODELIST"',
                      "export NCCL_SOCKET_IFNAME='^docker,lo'", "srun torchrun \\",
                      "--nproc_per_node=8", "--rdzv_backend=c10d", "--max_restarts=2",
+                     "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
                      "    train.py --epochs 2"]:
         assert expected in script, expected
     assert "OMP_NUM_THREADS=4" in script  # 32 cores for 8 ranks
