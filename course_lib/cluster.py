@@ -9,7 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
+from pathlib import Path
+from time import monotonic, sleep
 
 __all__ = ["RankPlace", "rank_layout", "free_port", "torchrun_command", "run_nodes", "NodeRun",
            "slurm_script"]
@@ -85,8 +88,10 @@ class NodeRun:
 def run_nodes(commands, timeout: float, cwd=None, env=None) -> list:
     """Start each command (one per node) at once, each in its own process group, and wait for all.
 
-    On a timeout, an interrupt or any error, every process group still running is killed by its
-    leader's pid, so no torchrun agent or worker survives; a timeout raises TimeoutError.
+    On a timeout, an interrupt or any error, every node still running is stopped: SIGTERM to its
+    process group (torchrun then stops its workers), then SIGKILL to the group and to every
+    process below it, by pid (torchrun's workers run in sessions of their own, outside the
+    group). No agent or worker survives; a timeout raises TimeoutError.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     processes = []
@@ -97,16 +102,11 @@ def run_nodes(commands, timeout: float, cwd=None, env=None) -> list:
                                               start_new_session=True))
         outputs = _communicate_all(processes, timeout)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                _kill_group(process)
+        _stop(processes)
     return [NodeRun(process.returncode, output) for process, output in zip(processes, outputs)]
 
 
 def _communicate_all(processes, timeout):
-    import threading
-    import time
-
     outputs = [""] * len(processes)
 
     def read(index):
@@ -116,13 +116,12 @@ def _communicate_all(processes, timeout):
                for index in range(len(processes))]
     for reader in readers:
         reader.start()
-    deadline = time.monotonic() + timeout
+    deadline = monotonic() + timeout
     for process in processes:
         try:
-            process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            process.wait(timeout=max(deadline - monotonic(), 0.01))
         except subprocess.TimeoutExpired:
-            for other in processes:
-                _kill_group(other)
+            _stop(processes)
             raise TimeoutError(f"the {len(processes)} nodes did not finish within {timeout:g} s; "
                                f"every process they started was killed") from None
     for reader in readers:
@@ -130,12 +129,46 @@ def _communicate_all(processes, timeout):
     return outputs
 
 
-def _kill_group(process) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # the group this Popen leads: agent and workers
-    except ProcessLookupError:
-        pass
-    process.wait()
+def _stop(processes, grace_s: float = 5.0) -> None:
+    running = [process for process in processes if process.poll() is None]
+    below = [pid for process in running for pid in _descendants(process.pid)]
+    _signal_groups(running, signal.SIGTERM)  # torchrun's agent stops its workers on SIGTERM
+    deadline = monotonic() + grace_s
+    while any(process.poll() is None for process in running) and monotonic() < deadline:
+        sleep(0.05)
+    _signal_groups(running, signal.SIGKILL)
+    for pid in below:  # workers that outlived their agent, in sessions of their own
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for process in running:
+        process.wait()
+
+
+def _signal_groups(processes, signum) -> None:
+    for process in processes:
+        try:
+            os.killpg(process.pid, signum)  # the group this Popen leads
+        except ProcessLookupError:
+            pass
+
+
+def _descendants(pid: int) -> list:
+    """Every process below `pid`, read from /proc (an empty list where there is no /proc)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, waiting = [], [pid]
+    while waiting:
+        for child in children.get(waiting.pop(), []):
+            found.append(child)
+            waiting.append(child)
+    return found
 
 
 def slurm_script(command: str, nodes: int = 2, gpus_per_node: int = 8, job_name: str = "ddp",

@@ -84,13 +84,17 @@ def test_run_nodes_collects_each_nodes_output_and_exit_code():
 def test_run_nodes_kills_every_process_of_a_node_that_overruns(tmp_path):
     # A node whose child (like a torchrun worker) outlives the timeout: both must be gone after.
     pid_file = tmp_path / "child.pid"
-    hang = (f"import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', "
-            f"'import time; time.sleep(600)']); open({str(pid_file)!r}, 'w').write(str(child.pid)); "
+    # The child runs in a session of its own, as torchrun's workers do, and the parent ignores
+    # SIGTERM: killing the parent's process group alone would leave the child running.
+    hang = (f"import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+            f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(child.pid)); "
             f"time.sleep(600)")
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match="did not finish within 3 s"):
-        run_nodes([[sys.executable, "-c", hang], [sys.executable, "-c", "print('done')"]], timeout=3)
+    with pytest.raises(TimeoutError, match="did not finish within 8 s"):
+        run_nodes([[sys.executable, "-c", hang], [sys.executable, "-c", "print('done')"]], timeout=8)
     assert time.monotonic() - started < 30
+    assert pid_file.exists(), "the node did not start its child within the timeout"
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and alive(child):
