@@ -102,7 +102,7 @@ def run_nodes(commands, timeout: float, cwd=None, env=None) -> list:
                                               start_new_session=True))
         outputs = _communicate_all(processes, timeout)
     finally:
-        _stop(processes)
+        stop_processes(processes)
     return [NodeRun(process.returncode, output) for process, output in zip(processes, outputs)]
 
 
@@ -121,7 +121,7 @@ def _communicate_all(processes, timeout):
         try:
             process.wait(timeout=max(deadline - monotonic(), 0.01))
         except subprocess.TimeoutExpired:
-            _stop(processes)
+            stop_processes(processes)
             raise TimeoutError(f"the {len(processes)} nodes did not finish within {timeout:g} s; "
                                f"every process they started was killed") from None
     for reader in readers:
@@ -129,7 +129,8 @@ def _communicate_all(processes, timeout):
     return outputs
 
 
-def _stop(processes, grace_s: float = 5.0) -> None:
+def stop_processes(processes, grace_s: float = 5.0) -> None:
+    """Stop every Popen still running, and everything below it (see run_nodes)."""
     running = [process for process in processes if process.poll() is None]
     below = [pid for process in running for pid in _descendants(process.pid)]
     _signal_groups(running, signal.SIGTERM)  # torchrun's agent stops its workers on SIGTERM

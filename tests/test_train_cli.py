@@ -1,13 +1,12 @@
 """`python -m course_lib train`: as is, with --nprocs 2, under torchrun, and on two simulated nodes."""
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
 
 import pytest
 
+from course_lib.cluster import stop_processes
 from course_lib.train_cli import main
 
 TIMEOUT = 180
@@ -28,16 +27,10 @@ def finish(*processes):
             output, _ = process.communicate(timeout=TIMEOUT)
             results.append((process.returncode, output))
     except subprocess.TimeoutExpired:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+        stop_processes(processes)  # torchrun's workers too: they run in sessions of their own
         pytest.fail(f"the run did not finish within {TIMEOUT}s")
     finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.communicate()
+        stop_processes(processes)
     return results
 
 
