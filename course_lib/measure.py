@@ -11,6 +11,15 @@ import torch
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
+def clock_mark(on_cuda: bool):
+    """A point in time: the wall clock on CPU; on CUDA an event recorded on the current stream."""
+    if not on_cuda:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
 class PhaseTimer:
     """Splits a step into consecutive laps: `start()`, then `lap("data")`, `lap("forward")`, ..."""
 
@@ -21,11 +30,7 @@ class PhaseTimer:
         self._pending = []  # (phase, start_event, end_event) not yet read back from the GPU
 
     def _now(self):
-        if not self.on_cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return clock_mark(self.on_cuda)
 
     def start(self) -> None:
         self._last = self._now()
@@ -63,11 +68,7 @@ class StepClock:
         self._marks = [self._mark()]
 
     def _mark(self):
-        if not self.on_cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return clock_mark(self.on_cuda)
 
     def tick(self) -> None:
         self._marks.append(self._mark())
