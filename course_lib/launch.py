@@ -64,7 +64,8 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
     cores = env.cpu_cores()
     if nprocs > cores:
         warnings.warn(f"{nprocs} ranks on {cores} CPU cores: the ranks take turns on the cores, so "
-                      f"results are right but timings are not meaningful", RuntimeWarning, stacklevel=3)
+                      f"results are right but timings are not meaningful", RuntimeWarning,
+                      stacklevel=_first_caller_outside_the_library())
     job_bytes = None if method == "fork" else _pickle_job(job)
     if output != "none":
         sys.stdout.write(f"{who}: {nprocs} rank{'s' if nprocs != 1 else ''}, backend {backend} "
@@ -82,6 +83,15 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
     except BaseException:
         rendezvous.close()
         raise
+
+
+def _first_caller_outside_the_library() -> int:
+    """The stacklevel that points a warning at the learner's line, however deep the call came."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _pickle_job(job) -> bytes:

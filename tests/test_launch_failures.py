@@ -121,8 +121,9 @@ def test_bad_requests_get_clear_errors(monkeypatch):
         lock = __import__("threading").Lock()
         launch(lambda: lock, start_method="spawn")
     monkeypatch.setattr("course_lib.env.cpu_cores", lambda: 1)
-    with pytest.warns(RuntimeWarning, match="2 ranks on 1 CPU cores"):
+    with pytest.warns(RuntimeWarning, match="2 ranks on 1 CPU cores") as warned:
         assert launch(lambda: 1, nprocs=2, timeout=60, output="none") == [1, 1]
+    assert warned[0].filename == __file__  # the learner's line, not the library's
 
 
 def test_interrupting_the_caller_stops_every_rank_and_raises_keyboard_interrupt(tmp_path):
