@@ -86,10 +86,10 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
 
 
 def _first_caller_outside_the_library() -> int:
-    """The stacklevel that points a warning at the learner's line, however deep the call came."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    """The stacklevel that points a warning at the learner's line, however deep the call came
+    (through a session, or through IPython running a %%distributed cell)."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in ("course_lib", "IPython"):
         frame, level = frame.f_back, level + 1
     return level
 
