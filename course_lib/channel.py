@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import struct
+import sys
 
 import cloudpickle
 
@@ -16,17 +17,11 @@ class _CPUPickler(cloudpickle.CloudPickler):
     """cloudpickle, except that tensors on an accelerator are copied to the CPU first."""
 
     def reducer_override(self, obj):
-        torch = _torch_if_loaded()
+        torch = sys.modules.get("torch")  # no torch loaded: no tensors to move
         if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             cpu = obj.detach().cpu().requires_grad_(obj.requires_grad)
             return cpu.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         return super().reducer_override(obj)
-
-
-def _torch_if_loaded():
-    import sys
-
-    return sys.modules.get("torch")
 
 
 def dumps(obj) -> bytes:

@@ -72,7 +72,7 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
                          f"({backend_why}), start method {method}\n")  # one write: one output chunk
         sys.stdout.flush()
     rendezvous = Rendezvous(nprocs)
-    specs = [RankSpec(rank=rank, world_size=nprocs, backend=backend, master_port=rendezvous.port,
+    specs = [RankSpec(rank=rank, world_size=nprocs, backend=backend,
                       init_process_group=init_process_group,
                       threads=env.threads_per_rank(nprocs, method), parent_pid=os.getpid(),
                       env=rendezvous.environment(rank, method), sys_path=list(sys.path),

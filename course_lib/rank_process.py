@@ -22,7 +22,6 @@ class RankSpec:
     rank: int
     world_size: int
     backend: str
-    master_port: int
     init_process_group: bool
     threads: int
     parent_pid: int

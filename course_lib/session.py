@@ -122,7 +122,7 @@ class DistributedSession:
             try:
                 replies = self._group.collect(timeout=timeout, interrupted=interrupted)
             except DistributedRunError as error:
-                if error.timed_out or any(f.phase in ("hung", "exit") for f in error.failures.values()):
+                if _stuck(error):
                     self._restart("some ranks were stuck or gone")
                 raise
             except KeyboardInterrupt:
@@ -138,8 +138,13 @@ class DistributedSession:
         try:
             self._group.collect(timeout=grace, failure_grace=grace)
         except DistributedRunError as error:
-            if error.timed_out or any(f.phase in ("hung", "exit") for f in error.failures.values()):
+            if _stuck(error):
                 self._restart("ranks did not stop on the interrupt (blocked in a collective?)")
+
+
+def _stuck(error: DistributedRunError) -> bool:
+    """Whether some ranks hung or died, so that only a restart makes the session usable again."""
+    return error.timed_out or any(f.phase in ("hung", "exit") for f in error.failures.values())
 
 
 @contextlib.contextmanager
