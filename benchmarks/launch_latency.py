@@ -1,6 +1,6 @@
 """Launch latency: trivial 2-rank launches (one all_reduce, results returned), side by side.
 
-Compares course_lib.launch (fork and spawn) with torch's raw start_processes(start_method="fork")
+Compares course_lib.runtime.launch (fork and spawn) with torch's raw start_processes(start_method="fork")
 and, when installed, Accelerate's notebook_launcher. Runs are interleaved round by round so that
 load on the machine hits every method alike; medians and ratios to the raw fork start are printed.
 Targets (issue 2): course_lib fork within 1.5x of raw fork, and faster than Accelerate.
@@ -74,8 +74,8 @@ def accelerate_notebook_launcher():
 
 def _methods():
     methods = {"raw start_processes (fork)": raw_start_processes_fork,
-               "course_lib.launch (fork)": course_lib_fork,
-               "course_lib.launch (spawn)": course_lib_spawn}
+               "course_lib.runtime.launch (fork)": course_lib_fork,
+               "course_lib.runtime.launch (spawn)": course_lib_spawn}
     try:
         import accelerate  # noqa: F401
 
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     print(f"\n{'method':<32} {'runs':>4} {'median':>9} {'vs raw fork':>12}")
     for name, median in medians.items():
         print(f"{name:<32} {len(times[name]):>4} {median * 1000:>7.1f}ms {median / baseline:>11.2f}x")
-    ours = medians["course_lib.launch (fork)"]
+    ours = medians["course_lib.runtime.launch (fork)"]
     verdicts = [("course_lib fork within 1.5x of raw fork", ours <= 1.5 * baseline)]
     if "accelerate notebook_launcher" in medians:
         verdicts.append(("course_lib fork faster than Accelerate", ours < medians["accelerate notebook_launcher"]))

@@ -16,9 +16,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_lib import launch
-from course_lib.data import make_dataset
-from course_lib.models import make_model
-from course_lib.trainers import TrainConfig, Trainer
+from course_lib.training.data import make_dataset
+from course_lib.training.models import make_model
+from course_lib.training.trainers import TrainConfig, Trainer
 
 TARGET = 1.05
 HAND, TRAINER = "hand-written DDP loop", "course Trainer"

@@ -1,24 +1,49 @@
 """course_lib: the small library behind the multi-GPU training course.
 
 The notebooks call it to launch ranks, train with single/DP/DDP strategies and grade exercises.
-"""
-from .launch import DistributedRunError, launch
+Its layers, each importing only the ones listed before it:
 
-__all__ = ["launch", "DistributedRunError", "DistributedSession", "load_ipython_extension"]
+    runtime/    start ranks and talk to them: launch, spawn, sessions and %%distributed, doctor
+    training/   one training loop (single, DP, DDP), its strategies, AMP, checkpoints, the CLI
+    topics/     what the lessons demonstrate: collectives, timing, scaling, pipeline, memory, ...
+    checks/     the graders behind the lessons' check cells
+    authoring/  build lessons from solutions, grade them, run the solutions
+    examples/   scripts the lessons run under torchrun
+
+The names learners type every day are importable from here (lazily, so `import course_lib`
+stays fast): `from course_lib import launch, Trainer, TrainConfig, make_dataset, make_model`.
+"""
+import importlib
+
 __version__ = "0.1.0"
+
+# name -> the module that defines it
+_EXPORTS = {
+    "launch": "course_lib.runtime.launch",
+    "DistributedRunError": "course_lib.runtime.errors",
+    "DistributedSession": "course_lib.runtime.session",
+    "Trainer": "course_lib.training.trainers",
+    "TrainConfig": "course_lib.training.trainers",
+    "make_dataset": "course_lib.training.data",
+    "make_model": "course_lib.training.models",
+}
+__all__ = [*_EXPORTS, "load_ipython_extension"]
 
 
 def __getattr__(name):
-    # The session pulls in IPython-facing code; import it only when asked for.
-    if name == "DistributedSession":
-        from .session import DistributedSession
-
-        return DistributedSession
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # the next lookup is a plain attribute
+        return value
     raise AttributeError(f"module 'course_lib' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
 
 
 def load_ipython_extension(ipython):
     """`%load_ext course_lib` registers the `%%distributed` cell magic."""
-    from .magic import register
+    from .runtime.magic import register
 
     register(ipython)

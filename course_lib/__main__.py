@@ -4,8 +4,8 @@ import sys
 
 # command -> (module, function, one-line help); each function takes argv and returns an exit code.
 COMMANDS = {
-    "doctor": ("course_lib.doctor", "main", "check this machine can run the course"),
-    "train": ("course_lib.train_cli", "main", "train the course model (plainly or under torchrun)"),
+    "doctor": ("course_lib.runtime.doctor", "main", "check this machine can run the course"),
+    "train": ("course_lib.training.train_cli", "main", "train the course model (plainly or under torchrun)"),
     "build-lessons": ("course_lib.authoring", "build_lessons_main", "write lessons/ from solutions/"),
     "check": ("course_lib.authoring", "check_main", "grade your lesson NN's exercises"),
     "run-solutions": ("course_lib.authoring", "run_solutions_main", "execute the solution notebooks"),

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from course_lib import launch
-from course_lib.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint,
+from course_lib.training.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint,
                                    load_latest_checkpoint, save_checkpoint)
-from course_lib.data import make_dataset
-from course_lib.models import make_model
-from course_lib.trainers import TrainConfig, Trainer
+from course_lib.training.data import make_dataset
+from course_lib.training.models import make_model
+from course_lib.training.trainers import TrainConfig, Trainer
 
 
 def test_save_is_atomic_and_keeps_the_last_n(tmp_path):
@@ -27,7 +27,7 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
     # A child process saves step 1, then dies (os._exit) half way through writing step 2.
     child = textwrap.dedent(f"""
         import os, torch
-        from course_lib import checkpoint
+        from course_lib.training import checkpoint
         state = {{"weights": torch.arange(100_000.0)}}
         checkpoint.save_checkpoint(state, {str(tmp_path)!r}, 1)
         real_save = torch.save

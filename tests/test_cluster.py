@@ -1,4 +1,4 @@
-"""course_lib.cluster: rank layouts, torchrun command lines, the SLURM script, running "nodes"."""
+"""course_lib.topics.cluster: rank layouts, torchrun command lines, the SLURM script, running "nodes"."""
 import os
 import shutil
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from course_lib.cluster import (RankPlace, free_port, rank_layout, run_nodes, slurm_script,
+from course_lib.topics.cluster import (RankPlace, free_port, rank_layout, run_nodes, slurm_script,
                                 torchrun_command)
 
 

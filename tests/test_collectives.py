@@ -1,4 +1,4 @@
-"""course_lib.collectives: the reference all-reduces, the traffic counter and the cost model."""
+"""course_lib.topics.collectives: the reference all-reduces, the traffic counter and the cost model."""
 import math
 
 import pytest
@@ -7,11 +7,11 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from course_lib import launch
-from course_lib.collectives import (algorithm_bandwidth, bus_bandwidth, count_traffic,
+from course_lib.topics.collectives import (algorithm_bandwidth, bus_bandwidth, count_traffic,
                                     fit_alpha_beta, measure_all_reduce, naive_all_reduce,
                                     naive_all_reduce_time, ring_all_reduce, ring_all_reduce_time,
                                     tree_all_reduce_time)
-from course_lib.traffic import COLLECTIVES, POINT_TO_POINT
+from course_lib.topics.traffic import COLLECTIVES, POINT_TO_POINT
 
 # More ranks than this machine's cores is fine for correctness; the launcher's warning says so.
 pytestmark = pytest.mark.filterwarnings(r"ignore:\d+ ranks on \d+ CPU cores:RuntimeWarning")

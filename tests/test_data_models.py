@@ -1,8 +1,8 @@
 """The course dataset and models: deterministic, tiny, and the pitfall variants behave as taught."""
 import torch
 
-from course_lib.data import N_CLASSES, N_FEATURES, make_dataset
-from course_lib.models import make_model, make_model_with_batchnorm, make_model_with_unused_branch
+from course_lib.training.data import N_CLASSES, N_FEATURES, make_dataset
+from course_lib.training.models import make_model, make_model_with_batchnorm, make_model_with_unused_branch
 
 
 def test_dataset_is_deterministic_and_shaped():

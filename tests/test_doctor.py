@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from course_lib import doctor
+from course_lib.runtime import doctor
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +31,7 @@ def test_doctor_fails_when_the_test_launch_fails(monkeypatch, capsys):
     def broken_launch(*args, **kwargs):
         raise RuntimeError("ranks could not meet")
 
-    monkeypatch.setattr(sys.modules["course_lib.launch"], "launch", broken_launch)
+    monkeypatch.setattr(sys.modules["course_lib.runtime.launch"], "launch", broken_launch)
     assert doctor.main([]) == 1
     assert "FAIL: ranks could not meet" in capsys.readouterr().out
 

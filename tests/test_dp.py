@@ -1,11 +1,11 @@
-"""course_lib.dp: DataParallel's flow matches one device computing the whole batch."""
+"""course_lib.training.dp: DataParallel's flow matches one device computing the whole batch."""
 import threading
 
 import pytest
 import torch
 from torch import nn
 
-from course_lib.dp import DataParallel, ReplicaError, gather, parallel_apply, replicate, scatter
+from course_lib.training.dp import DataParallel, ReplicaError, gather, parallel_apply, replicate, scatter
 
 CPU = torch.device("cpu")
 

@@ -1,9 +1,9 @@
-"""course_lib.env: the backend, start method, threads and device each rank gets (logic, on CPU)."""
+"""course_lib.runtime.env: the backend, start method, threads and device each rank gets (logic, on CPU)."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib import env
+from course_lib.runtime import env
 
 
 @pytest.fixture

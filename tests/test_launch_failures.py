@@ -1,4 +1,4 @@
-"""course_lib.launch when things go wrong: errors, crashes, timeouts, interrupts, bad requests."""
+"""course_lib.runtime.launch when things go wrong: errors, crashes, timeouts, interrupts, bad requests."""
 import os
 import signal
 import sys
@@ -120,7 +120,7 @@ def test_bad_requests_get_clear_errors(monkeypatch):
     with pytest.raises(TypeError, match="pickling them"):
         lock = __import__("threading").Lock()
         launch(lambda: lock, start_method="spawn")
-    monkeypatch.setattr("course_lib.env.cpu_cores", lambda: 1)
+    monkeypatch.setattr("course_lib.runtime.env.cpu_cores", lambda: 1)
     with pytest.warns(RuntimeWarning, match="2 ranks on 1 CPU cores") as warned:
         assert launch(lambda: 1, nprocs=2, timeout=60, output="none") == [1, 1]
     assert warned[0].filename == __file__  # the learner's line, not the library's

@@ -1,4 +1,4 @@
-"""course_lib.memory: the per-rank estimator, and its measured counterpart on real steps."""
+"""course_lib.topics.memory: the per-rank estimator, and its measured counterpart on real steps."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -6,12 +6,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from course_lib import launch
-from course_lib.data import make_dataset
-from course_lib.memory import (GiB, OPTIMIZERS, PRECISIONS, MemoryBreakdown, SavedActivations,
+from course_lib.training.data import make_dataset
+from course_lib.topics.memory import (GiB, OPTIMIZERS, PRECISIONS, MemoryBreakdown, SavedActivations,
                                bytes_per_parameter, distinct_bytes, estimate_memory,
                                measure_model_state, measure_training_step,
                                transformer_activation_bytes)
-from course_lib.models import make_model
+from course_lib.training.models import make_model
 
 LAUNCH_TIMEOUT = 90
 HIDDEN = 256

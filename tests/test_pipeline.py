@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_lib.checks.lesson10 import check_fast_loader
-from course_lib.pipeline import (Prefetcher, SlowDataset, Stamped, data_wait_share, device_step,
+from course_lib.topics.pipeline import (Prefetcher, SlowDataset, Stamped, data_wait_share, device_step,
                                  measure_data_wait, neighbour_features, precompute_features,
                                  shutdown_workers)
 

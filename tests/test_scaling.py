@@ -1,14 +1,14 @@
-"""course_lib.scaling: speedup and efficiency, Amdahl's law and its fit, the step-time model,
+"""course_lib.topics.scaling: speedup and efficiency, Amdahl's law and its fit, the step-time model,
 batch plans, and timing real steps on 1 and 2 ranks."""
 import math
 
 import pytest
 
-from course_lib.cost_model import ring_all_reduce_time
-from course_lib.scaling import (accumulation_plan, all_reduce_seconds, amdahl_speedup, efficiency,
+from course_lib.topics.cost_model import ring_all_reduce_time
+from course_lib.topics.scaling import (accumulation_plan, all_reduce_seconds, amdahl_speedup, efficiency,
                                 fit_amdahl, measure_scaling, measure_step_seconds,
                                 median_of_runs, predict_step_seconds, speedup)
-from course_lib.timing import Timing
+from course_lib.topics.timing import Timing
 
 
 def test_strong_scaling_speedup_is_t1_over_tn():

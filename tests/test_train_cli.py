@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from course_lib.cluster import stop_processes
-from course_lib.train_cli import main
+from course_lib.topics.cluster import stop_processes
+from course_lib.training.train_cli import main
 
 TIMEOUT = 180
 SMALL_RUN = ["--samples", "256", "--epochs", "1", "--no-progress"]

@@ -5,11 +5,11 @@ import time
 import pytest
 import torch
 
-from course_lib.amp import Precision, _check_fp16
-from course_lib.data import make_dataset
-from course_lib.models import make_model
-from course_lib.strategies import check_gpus_for_nccl
-from course_lib.trainers import History, TrainConfig, Trainer, scaled_lr
+from course_lib.training.amp import Precision, _check_fp16
+from course_lib.training.data import make_dataset
+from course_lib.training.models import make_model
+from course_lib.training.strategies import check_gpus_for_nccl
+from course_lib.training.trainers import History, TrainConfig, Trainer, scaled_lr
 
 
 def train(n_samples=64, dtype=torch.float64, model=None, **config):

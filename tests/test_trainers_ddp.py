@@ -1,11 +1,11 @@
-"""The DDP strategy on 2 CPU ranks (gloo, via course_lib.launch) against one process with the 2x batch."""
+"""The DDP strategy on 2 CPU ranks (gloo, via course_lib.runtime.launch) against one process with the 2x batch."""
 import pytest
 import torch
 
 from course_lib import DistributedRunError, launch
-from course_lib.data import make_dataset
-from course_lib.models import make_model, make_model_with_batchnorm, make_model_with_unused_branch
-from course_lib.trainers import TrainConfig, Trainer
+from course_lib.training.data import make_dataset
+from course_lib.training.models import make_model, make_model_with_batchnorm, make_model_with_unused_branch
+from course_lib.training.trainers import TrainConfig, Trainer
 
 TIMEOUT = 120
 

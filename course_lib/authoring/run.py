@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 
-from .. import env
+from ..runtime import env
 from .grade import ANSI_COLOR
 from .layout import SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs

@@ -1,6 +1,6 @@
 """Lesson 02 graders: DataParallel's scatter and gather, and gradients equal to one device's.
 
-Each grader compares the learner's function with course_lib.dp's reference on uneven batches,
+Each grader compares the learner's function with course_lib.training.dp's reference on uneven batches,
 nested inputs and PyTorch's "meta" device (shapes and placement without data, so a CPU-only
 machine can still check that chunks and outputs land on the device they were sent to).
 """
@@ -73,7 +73,7 @@ SCATTER_HINT = ("cut each tensor along dim 0 with tensor.chunk(len(devices)), as
 
 @grader("scatter a batch")
 def check_scatter_batch(scatter_batch):
-    from ..dp import scatter
+    from ..training.dp import scatter
 
     two, three, four = [CPU] * 2, [CPU] * 3, [CPU] * 4
     batch = _rows(10)
@@ -139,7 +139,7 @@ GATHER_HINT = ("concatenate the replicas' outputs along dim 0 in replica order (
 
 @grader("gather the outputs")
 def check_gather_outputs(gather_outputs):
-    from ..dp import gather
+    from ..training.dp import gather
 
     uneven = [_rows(4), _rows(3, offset=100)]
     three = [_rows(2), _rows(5, offset=100), _rows(1, offset=200)]
@@ -189,7 +189,7 @@ GRADIENT_HINT = ("scatter X, replicate the model, parallel_apply, gather the log
 
 
 def _single_device_gradients(seed, X, y):
-    from ..models import make_model
+    from ..training.models import make_model
 
     model = make_model(seed=seed)
     F.cross_entropy(model(X), y).backward()
@@ -198,8 +198,8 @@ def _single_device_gradients(seed, X, y):
 
 @grader("gradients equal one device's")
 def check_data_parallel_gradients(data_parallel_gradients):
-    from ..data import make_dataset
-    from ..models import make_model
+    from ..training.data import make_dataset
+    from ..training.models import make_model
 
     dataset = make_dataset(n_samples=13, seed=2)
     X, y = dataset.tensors
@@ -224,7 +224,7 @@ def check_data_parallel_gradients(data_parallel_gradients):
 
 
 def _dp_forward(model, X, devices):
-    from ..dp import gather, parallel_apply, replicate, scatter
+    from ..training.dp import gather, parallel_apply, replicate, scatter
 
     chunks = scatter(X, devices)
     used = devices[:len(chunks)]
@@ -233,7 +233,7 @@ def _dp_forward(model, X, devices):
 
 
 def _gradients_summed_twice(model, X, y, devices):
-    from ..dp import gather
+    from ..training.dp import gather
 
     model.zero_grad()
     replicas, _, outputs = _dp_forward(model, X, devices)
@@ -247,7 +247,7 @@ def _gradients_summed_twice(model, X, y, devices):
 
 
 def _mean_of_replica_losses(model, X, y, devices):
-    from ..dp import scatter
+    from ..training.dp import scatter
 
     model.zero_grad()
     _, chunks, outputs = _dp_forward(model, X, devices)
@@ -259,14 +259,14 @@ def _mean_of_replica_losses(model, X, y, devices):
 
 
 def _outputs_instead_of_gradients(model, X, y, devices):
-    from ..dp import gather
+    from ..training.dp import gather
 
     _, _, outputs = _dp_forward(model, X, devices)
     return [gather(outputs, devices[0]).detach(), model(X).detach()]  # equal outputs, no gradients
 
 
 def _first_replica_only(model, X, y, devices):
-    from ..dp import scatter
+    from ..training.dp import scatter
 
     model.zero_grad()
     _, _, outputs = _dp_forward(model, X, devices)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..collectives import (_send_right_receive_left, count_traffic, naive_all_reduce, ring_chunks,
+from ..topics.collectives import (_send_right_receive_left, count_traffic, naive_all_reduce, ring_chunks,
                            ring_all_reduce_time)
 from . import expect, expect_close, grader, wrong_answer
 from .ranks import run_on_ranks

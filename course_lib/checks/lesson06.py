@@ -74,8 +74,8 @@ def reference_amp_step(model, optimizer, scaler, X, y, max_norm):
 
 
 def _setup(seed=0):
-    from ..data import make_dataset
-    from ..models import make_model
+    from ..training.data import make_dataset
+    from ..training.models import make_model
 
     model = make_model(seed=seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)

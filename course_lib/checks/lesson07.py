@@ -18,8 +18,8 @@ from torch.nn.utils import parameters_to_vector
 
 from .ranks import run_on_ranks
 from . import expect, expect_close, expect_equal, grader, wrong_answer
-from ..data import make_dataset
-from ..models import make_model
+from ..training.data import make_dataset
+from ..training.models import make_model
 
 WORLD_SIZE = 2
 LAUNCH_TIMEOUT_S = 90

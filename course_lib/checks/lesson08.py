@@ -1,7 +1,7 @@
 """Lesson 08 graders: the pitfalls clinic's fixes, each launched on 2 ranks with a short timeout.
 
 A grader fails on the broken snippet (a hang, a crash, or a silently wrong result) and on the
-half-fixes in WRONG_ANSWERS; the reference fixes are in course_lib.pitfalls.
+half-fixes in WRONG_ANSWERS; the reference fixes are in course_lib.topics.pitfalls.
 """
 import contextlib
 import io
@@ -16,11 +16,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from . import expect, expect_close, expect_equal, grader, wrong_answer
-from .. import pitfalls
-from ..data import make_dataset
-from ..env import device_for_rank
-from ..launch import DistributedRunError, launch
-from ..models import make_model_with_unused_branch
+from ..topics import pitfalls
+from ..training.data import make_dataset
+from ..runtime.env import device_for_rank
+from ..runtime.launch import DistributedRunError, launch
+from ..training.models import make_model_with_unused_branch
 
 LAUNCH_TIMEOUT_S = 20   # a correct answer takes well under a second; past this, it hangs
 WORLD_SIZE = 2

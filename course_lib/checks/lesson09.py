@@ -6,7 +6,7 @@ function on fixed inputs, never on the lesson's measurements.
 """
 import math
 
-from ..cost_model import naive_all_reduce_time, ring_all_reduce_time
+from ..topics.cost_model import naive_all_reduce_time, ring_all_reduce_time
 from . import expect, expect_close, grader, wrong_answer
 
 # -- Exercise 1: speedup and efficiency ------------------------------------------------------------

@@ -1,13 +1,13 @@
 """Graders for lesson 11, memory: bytes per parameter under each ZeRO stage, the smallest
 world_size for ZeRO-3 to fit, and which training recipes fit a large model on given GPUs.
 
-The references are course_lib.memory's estimator, so the lesson and its graders count alike.
+The references are course_lib.topics.memory's estimator, so the lesson and its graders count alike.
 """
 import math
 from collections import namedtuple
 
 from . import GradingError, expect, expect_close, grader, wrong_answer
-from ..memory import GiB, estimate_memory
+from ..topics.memory import GiB, estimate_memory
 
 STAGE_STRATEGIES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 MIXED_ADAM_BYTES = 16  # bf16 weights 2 + bf16 gradients 2 + fp32 master 4 + Adam's two fp32 values 8

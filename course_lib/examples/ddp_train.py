@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_lib.data import make_dataset
-from course_lib.env import choose_backend, device_for_rank
-from course_lib.models import make_model
+from course_lib.training.data import make_dataset
+from course_lib.runtime.env import choose_backend, device_for_rank
+from course_lib.training.models import make_model
 
 
 def train_ddp(epochs=2, global_batch_size=64, lr=0.5):

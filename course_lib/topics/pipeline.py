@@ -6,7 +6,7 @@ import time
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from .data import make_dataset
+from ..training.data import make_dataset
 
 READ_SECONDS = 0.001  # per sample: like reading a file; a sleep frees the CPU and the GIL
 NEIGHBOURS = 8

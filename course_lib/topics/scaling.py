@@ -14,10 +14,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .cost_model import ring_all_reduce_time
-from .data import make_dataset
-from .env import device_for_rank
-from .launch import launch
-from .models import make_model
+from ..training.data import make_dataset
+from ..runtime.env import device_for_rank
+from ..runtime.launch import launch
+from ..training.models import make_model
 from .timing import Timing, synchronize
 
 __all__ = ["SCALINGS", "speedup", "efficiency", "amdahl_speedup", "fit_amdahl",

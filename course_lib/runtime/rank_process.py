@@ -1,6 +1,6 @@
 """The rank side of a launch: set up one rank's process, run its job, report back, exit.
 
-The same steps run in a forked child and in a spawned interpreter (`python -m course_lib.rank_process`).
+The same steps run in a forked child and in a spawned interpreter (`python -m course_lib.runtime.rank_process`).
 """
 import faulthandler
 import io

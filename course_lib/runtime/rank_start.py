@@ -16,7 +16,7 @@ from . import channel
 from .rank_process import RankPipes, RankSpec, run_rank
 
 STREAMS = ("stdout", "stderr", "messages", "stacks")
-SPAWNED_MAIN = "from course_lib.rank_process import spawned_main; spawned_main()"
+SPAWNED_MAIN = "from course_lib.runtime.rank_process import spawned_main; spawned_main()"
 
 
 @dataclass(eq=False)

@@ -57,7 +57,7 @@ class SingleDevice:
 
 
 class DataParallelStrategy(SingleDevice):
-    """One process drives several devices: nn.DataParallel on 2+ GPUs, course_lib.dp otherwise.
+    """One process drives several devices: nn.DataParallel on 2+ GPUs, course_lib.training.dp otherwise.
 
     The loader yields batch_size x replicas samples; DataParallel scatters them, one slice per device.
     """

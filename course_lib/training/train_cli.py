@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         if under_torchrun:
             history = _train_under_torchrun(config, args)
         elif args.nprocs > 1:
-            from .launch import launch
+            from ..runtime.launch import launch
 
             history = launch(train, config, args.samples, args.hidden, nprocs=args.nprocs,
                              backend=args.backend, timeout=args.timeout)[0]

@@ -1,11 +1,11 @@
 """Reference collectives built from point-to-point sends: the naive all-reduce through rank 0,
 then the ring all-reduce (reduce-scatter, then all-gather) that NCCL and gloo use for big tensors.
 
-Run them inside a rank (under course_lib.launch or torchrun). The byte counter that grades the
-ring exercise lives in course_lib.traffic, the alpha-beta cost model in course_lib.cost_model;
+Run them inside a rank (under course_lib.runtime.launch or torchrun). The byte counter that grades the
+ring exercise lives in course_lib.topics.traffic, the alpha-beta cost model in course_lib.topics.cost_model;
 both are re-exported here so a lesson needs one import:
 
-    from course_lib.collectives import ring_all_reduce, count_traffic, ring_all_reduce_time
+    from course_lib.topics.collectives import ring_all_reduce, count_traffic, ring_all_reduce_time
 """
 import torch
 import torch.distributed as dist

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .tracebacks import notebook_friendly
+from ..runtime.tracebacks import notebook_friendly
 
 # -- reading an error ----------------------------------------------------------------------------
 

@@ -1,0 +1,25 @@
+"""The runtime: start ranks from a notebook or a script, talk to them, stop them all.
+
+Imports nothing else of course_lib. The bottom modules import nothing of the package:
+
+    env           where and how ranks run: backend, device, start method, threads, seeding
+    errors        DistributedRunError: one failure per rank, gathered into one exception
+    output        each rank's output relayed to the caller as whole lines labelled [rankN]
+    tracebacks    rank tracebacks and stack dumps, the learner's frames first
+    channel       length-prefixed cloudpickle messages over pipes
+
+The notebook side (the caller's process):
+
+    launch        launch(fn, ...): run a function on N local processes, return their results
+    rank_group    start the ranks, watch them, relay their output, stop them all
+    rank_start    start one rank by fork or spawn, with its pipes
+    rendezvous    the TCPStore the launcher hosts on loopback, where the ranks meet
+    session       DistributedSession: ranks that stay alive between cells
+    magic         %%distributed: a cell run on every rank of a session
+    doctor        `python -m course_lib doctor`: can this machine run the course, and how
+
+The rank side (inside each rank's process):
+
+    rank_process  set up one rank, run its job, report back, exit
+    session_rank  a session's rank: keep a namespace and serve commands until closed
+"""

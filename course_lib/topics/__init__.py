@@ -1,0 +1,12 @@
+"""What the lessons demonstrate, one concept a module; the trainer never imports these.
+
+    collectives   naive and ring all-reduce from point-to-point sends        (lesson 03)
+    traffic       count the bytes a rank sends and the collectives it calls  (lesson 03)
+    cost_model    the alpha-beta model, bus bandwidth, fitting measurements   (lessons 03, 09, 12)
+    timing        honest timing: warm-up, GPU sync, medians                   (lessons 01, 09, 10)
+    scaling       speedup, efficiency, Amdahl, step-time model, batch plans   (lesson 09)
+    pipeline      a slow dataset, precomputed features, a prefetcher          (lesson 10)
+    memory        per-rank memory estimator and its measured counterpart      (lesson 11)
+    cluster       node layouts, torchrun command lines, SLURM, local "nodes"  (lesson 12)
+    pitfalls      the clinic's broken snippets next to their fixes            (lesson 08)
+"""

@@ -1,0 +1,77 @@
+"""The package's layers: few modules at the top, short imports for learners, no upward import."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import course_lib
+
+PACKAGE = Path(course_lib.__file__).parent
+# Lower layers first; a module may import its own layer and the ones before it, never after.
+LAYERS = ["runtime", "training", "topics", "checks", "authoring", "examples"]
+DAILY_NAMES = ["launch", "DistributedRunError", "DistributedSession", "Trainer", "TrainConfig",
+               "make_dataset", "make_model"]
+
+
+def imported_modules(path, package=None):
+    """Every module a file of `package` imports, at the top or inside a function, as dotted names."""
+    package = package or ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                yield f"{module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def layer_of(dotted):
+    parts = dotted.split(".")
+    return parts[1] if parts[0] == "course_lib" and len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_few_modules_at_the_top():
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= 6, top
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(LAYERS)
+
+
+def test_no_layer_imports_a_higher_one():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        own = layer_of("course_lib." + ".".join(path.relative_to(PACKAGE).parts))
+        if own is None:
+            continue
+        for module in imported_modules(path):
+            other = layer_of(module)
+            if other is not None and LAYERS.index(other) > LAYERS.index(own):
+                upward.append(f"{path.relative_to(PACKAGE)} imports {module}")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    # The walk above must catch a lazy import inside a function, relative or absolute.
+    module = tmp_path / "probe.py"
+    module.write_text("def f():\n    from ..training import trainers\n    import course_lib.topics.memory\n")
+    found = {layer_of(m) for m in imported_modules(module, package="course_lib.runtime")}
+    assert found == {"training", "topics"}
+
+
+def test_daily_names_come_from_the_package_without_loading_torch():
+    code = ("import sys, course_lib; assert 'torch' not in sys.modules, 'import course_lib loaded torch'; "
+            f"names = {DAILY_NAMES!r}; "
+            "print(all(callable(getattr(course_lib, n)) for n in names)); print(sorted(set(names) - set(dir(course_lib))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["True", "[]"]
+
+
+def test_the_short_names_are_the_real_ones():
+    from course_lib.runtime.launch import launch
+    from course_lib.training.trainers import Trainer
+
+    assert course_lib.launch is launch and course_lib.Trainer is Trainer
