@@ -49,11 +49,17 @@ def test_torchrun_commands_static_and_c10d():
         torchrun_command(["train.py"], rdzv="etcd")
 
 
-def test_free_port_can_be_bound():
+def test_free_port_can_be_bound_and_is_not_one_the_os_hands_out():
     import socket
 
+    ports = [free_port() for _ in range(20)]
     with socket.socket() as listener:
-        listener.bind(("127.0.0.1", free_port()))
+        listener.bind(("127.0.0.1", ports[0]))
+    # below the range that port-0 binds and outgoing connections draw from, so none takes it
+    # before torchrun binds it; and drawn at random, so two notebooks do not pick the same one
+    range_file = "/proc/sys/net/ipv4/ip_local_port_range"
+    first_ephemeral = int(open(range_file).read().split()[0]) if os.path.exists(range_file) else 49152
+    assert all(1024 <= port < first_ephemeral for port in ports) and len(set(ports)) > 1
 
 
 def test_slurm_script_is_valid_bash_with_one_torchrun_per_node():

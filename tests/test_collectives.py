@@ -4,14 +4,13 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from course_lib import launch
+from course_lib.checks.lesson03 import check_ring_all_reduce
 from course_lib.topics.collectives import (algorithm_bandwidth, bus_bandwidth, count_traffic,
                                     fit_alpha_beta, measure_all_reduce, naive_all_reduce,
                                     naive_all_reduce_time, ring_all_reduce, ring_all_reduce_time,
-                                    tree_all_reduce_time)
-from course_lib.topics.traffic import COLLECTIVES, POINT_TO_POINT
+                                    ring_chunks, tree_all_reduce_time)
 
 # More ranks than this machine's cores is fine for correctness; the launcher's warning says so.
 pytestmark = pytest.mark.filterwarnings(r"ignore:\d+ ranks on \d+ CPU cores:RuntimeWarning")
@@ -75,6 +74,8 @@ def test_ring_traffic_is_about_two_tensors_per_rank_for_uneven_sizes():
 
 def traffic_of_direct_calls():
     """A rank that calls collectives directly and point-to-point in each way a learner might."""
+    from torch.distributed import irecv, isend  # names bound before the block are counted too
+
     rank, peer = dist.get_rank(), 1 - dist.get_rank()
     tensor = torch.ones(10)  # 40 bytes
     with count_traffic() as traffic:
@@ -89,26 +90,94 @@ def traffic_of_direct_calls():
         for request in dist.batch_isend_irecv(operations):
             request.wait()
         dist.all_gather_object([None, None], rank)
+        dist.all_gather_into_tensor(torch.empty(20), tensor)
+        if rank == 0:
+            isend(torch.ones(3, dtype=torch.float64), peer).wait()    # 24 bytes
+        else:
+            irecv(torch.empty(3, dtype=torch.float64)).wait()          # from any rank
     return traffic
 
 
 def test_counter_sees_collectives_and_every_way_of_sending():
     rank0, rank1 = launch(traffic_of_direct_calls, nprocs=2, backend="gloo", timeout=LAUNCH_TIMEOUT)
-    # all_gather_object counts as the all_gather it makes (its object-size exchange included).
+    # all_gather_object counts as the all_gathers it makes (its object-size exchange included),
+    # and all_gather_into_tensor as an all_gather, on every torch version.
     assert rank0.collectives[:2] == ["all_reduce", "barrier"]
-    assert set(rank0.collectives[2:]) == {"all_gather"}
-    assert rank0.bytes_sent_to == {1: 40 + 40} and rank0.bytes_received_from == {1: 40}
-    assert rank1.bytes_sent_to == {0: 40} and rank1.bytes_received_from == {0: 40 + 40}
+    assert len(rank0.collectives) >= 4 and set(rank0.collectives[2:]) == {"all_gather"}
+    assert rank0.collectives == rank1.collectives
+    assert rank0.bytes_sent_to == {1: 40 + 40 + 24} and rank0.bytes_received_from == {1: 40}
+    assert rank1.bytes_sent_to == {0: 40} and rank1.bytes_received_from == {0: 40 + 40, "any": 24}
 
 
-def test_counter_restores_the_originals_even_after_an_exception():
-    originals = {name: getattr(dist, name) for name in POINT_TO_POINT + COLLECTIVES}
+def send_within_a_subgroup():
+    """Global ranks 1 and 2 talk in the group [1, 2, 3], where they are ranks 0 and 1."""
+    group = dist.new_group([1, 2, 3])
+    rank, tensor = dist.get_rank(), torch.ones(5)  # 20 bytes
+    with count_traffic() as traffic:
+        if rank == 1:
+            dist.send(tensor, dst=2, group=group)  # torch.distributed takes global ranks here
+        elif rank == 2:
+            dist.recv(tensor, src=1, group=group)
+    return traffic
+
+
+def test_counter_names_peers_by_their_global_rank_in_a_subgroup():
+    traffics = launch(send_within_a_subgroup, nprocs=4, backend="gloo", timeout=LAUNCH_TIMEOUT)
+    assert traffics[1].bytes_sent_to == {2: 20} and traffics[2].bytes_received_from == {1: 20}
+    assert traffics[0].bytes_sent == traffics[3].bytes_sent == 0
+
+
+def ddp_steps_counted(steps):
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    with count_traffic() as traffic:
+        for _ in range(steps):
+            model(torch.randn(8, 4)).sum().backward()
+    return traffic
+
+
+def test_counter_sees_the_all_reduces_ddp_starts_from_cpp():
+    traffic, _ = launch(ddp_steps_counted, 3, nprocs=2, backend="gloo", timeout=LAUNCH_TIMEOUT)
+    # one bucket, so one all-reduce per backward (and DDP's own broadcasts after the first step)
+    assert traffic.collectives.count("all_reduce") == 3
+    assert set(traffic.collectives) <= {"all_reduce", "broadcast"}
+
+
+def ring_on_imported_names(tensor):
+    """A learner's ring on names bound before the check: `from torch.distributed import isend`."""
+    from torch.distributed import irecv, isend
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    chunks = ring_chunks(tensor, world_size)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    for step in range(2 * (world_size - 1)):
+        gathering = step >= world_size - 1  # the second half passes on the summed chunks
+        send_index, receive_index = (rank - step) % world_size, (rank - step - 1) % world_size
+        incoming = torch.empty_like(chunks[receive_index])
+        requests = [isend(chunks[send_index], right)] if chunks[send_index].numel() else []
+        requests += [irecv(incoming, left)] if incoming.numel() else []
+        for request in requests:
+            request.wait()
+        if gathering:
+            chunks[receive_index].copy_(incoming)
+        else:
+            chunks[receive_index] += incoming
+    return tensor
+
+
+def test_the_ring_grader_counts_a_ring_built_on_names_imported_before_the_check(capsys):
+    check_ring_all_reduce(ring_on_imported_names)
+    assert "ring all-reduce" in capsys.readouterr().out
+
+
+def test_counter_stops_counting_when_the_block_ends_even_after_an_exception():
     with pytest.raises(ZeroDivisionError):
-        with count_traffic():
-            assert dist.send is not originals["send"] and c10d.isend is not originals["isend"]
+        with count_traffic() as traffic:
+            torch.ones(2).add_(1)
             1 / 0
-    assert {name: getattr(dist, name) for name in originals} == originals
-    assert all(getattr(c10d, name) is function for name, function in originals.items())
+    with count_traffic() as second:  # a new block opens: the first one was closed
+        pass
+    assert traffic.collectives == second.collectives == []
+    torch.ones(2).add_(1)  # runs without any mode left behind
 
 
 def test_counter_blocks_cannot_be_nested():

@@ -2,6 +2,7 @@
 import collections
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,35 @@ def test_doctor_fails_when_torch_is_too_old(monkeypatch, capsys):
     assert doctor.main(["--no-launch"]) == 1
     out = capsys.readouterr().out
     assert "FAIL: the course needs torch>=99.0" in out and "cannot run the course" in out
+
+
+@pytest.mark.parametrize("version, status", [
+    ("2.3.1", "FAIL: the course needs torch>=2.4 (tested: 2.4 to 2.15)"),
+    ("2.4.0", "ok"), ("2.13.0+cpu", "ok"), ("2.15.0+cu132", "ok"), ("2.15.2rc1", "ok"),
+    ("2.16.0", "WARN: newer than the course is tested on (2.4 to 2.15); if a lesson fails, "
+               "pip install 'torch<2.16' and tell us"),
+    ("2.16.0.dev20270101+cpu", "WARN"), ("3.0.0", "WARN"),
+])
+def test_torch_outside_the_tested_range_is_a_warning_or_a_failure(monkeypatch, version, status):
+    monkeypatch.setattr(doctor, "MIN_TORCH", (2, 4))
+    monkeypatch.setattr(doctor, "NEWEST_TESTED_TORCH", (2, 15))
+    assert doctor.torch_status(version).startswith(status)
+
+
+def test_doctor_warns_but_passes_on_a_torch_newer_than_the_tested_range(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "NEWEST_TESTED_TORCH", (2, 3))
+    assert doctor.main(["--no-launch"]) == 0
+    out = capsys.readouterr().out
+    torch_row = next(line for line in out.splitlines() if line.startswith("torch "))
+    assert "WARN: newer than the course is tested on (2.4 to 2.3)" in torch_row
+    assert "Ready to try: read the WARN lines above." in out
+
+
+def test_the_tested_range_starts_at_the_declared_lower_bounds():
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert f'"torch>={".".join(map(str, doctor.MIN_TORCH))}"' in pyproject
+    assert f'requires-python = ">={".".join(map(str, doctor.MIN_PYTHON))}"' in pyproject
+    assert doctor.MIN_TORCH <= doctor.NEWEST_TESTED_TORCH
 
 
 def test_doctor_fails_when_the_test_launch_fails(monkeypatch, capsys):

@@ -42,13 +42,14 @@ def test_an_exception_names_every_failed_rank_and_leads_with_the_root_cause():
 def test_other_ranks_are_stopped_within_seconds_of_a_failure():
     def one_fails_one_sleeps():
         if dist.get_rank() == 0:
+            print(time.monotonic(), flush=True)  # one clock for every process on the machine
             raise RuntimeError("rank 0 gives up")
         print(os.getpid(), flush=True)
         time.sleep(300)
 
-    start = time.monotonic()
     error = _error(one_fails_one_sleeps, timeout=200)
-    assert time.monotonic() - start < 15
+    # timed from the failure, not from the call: starting the ranks is slow on a busy machine
+    assert time.monotonic() - float(error.outputs[0][0]) < 15
     assert error.root_cause.rank == 0
     # the rank still busy is shown with where it was, then stopped
     assert error.failures[1].phase == "hung" and "in one_fails_one_sleeps" in error.failures[1].stack

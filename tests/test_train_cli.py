@@ -1,12 +1,11 @@
 """`python -m course_lib train`: as is, with --nprocs 2, under torchrun, and on two simulated nodes."""
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from course_lib.topics.cluster import stop_processes
+from course_lib.topics.cluster import free_port, stop_processes
 from course_lib.training.train_cli import main
 
 TIMEOUT = 180
@@ -34,12 +33,6 @@ def finish(*processes):
     return results
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def losses(path):
     with open(path) as file:
         return json.load(file)["losses"]
@@ -65,8 +58,9 @@ def test_nprocs_and_torchrun_match_one_process_with_the_global_batch(tmp_path):
     assert main([*SMALL_RUN, "--batch-size", "16", "--history-json", str(tmp_path / "single.json")]) == 0
     nprocs = start(["-m", "course_lib", "train", *SMALL_RUN, "--batch-size", "8", "--nprocs", "2",
                     "--timeout", str(TIMEOUT), "--history-json", str(tmp_path / "nprocs.json")])
-    torchrun = start(["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                      f"--master_port={free_port()}", "-m", "course_lib", "train", *SMALL_RUN,
+    # --standalone: torchrun binds a free port itself (no port picked here that another can take)
+    torchrun = start(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                      "-m", "course_lib", "train", *SMALL_RUN,
                       "--batch-size", "8", "--history-json", str(tmp_path / "torchrun.json")])
     for returncode, output in finish(nprocs, torchrun):
         assert returncode == 0, output

@@ -118,8 +118,8 @@ def _expect_ring_traffic(per_rank, world_size):
                f"{sent} bytes ({sent / nbytes:.2f} times the tensor)",
                "send one chunk (1/N of the tensor) per step, 2 (N - 1) steps; sending whole "
                "tensors, or everything through rank 0, costs more" if sent else
-               "no send was seen: call dist.isend/dist.send (or send_right_receive_left) "
-               "through the module, not a name imported before the call")
+               "no send was seen: pass the chunks with send_right_receive_left (or "
+               "dist.isend/irecv, dist.send/recv)")
 
 
 def _calls_dist_all_reduce(tensor):

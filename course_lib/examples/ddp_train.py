@@ -4,15 +4,18 @@
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each process; main()
 joins the process group (NCCL when every local rank has a GPU, gloo otherwise), calls
-train_ddp(), and rank 0 reports the losses averaged over the ranks.
+train_ddp(), and rank 0 reports the losses averaged over the ranks. The shutdown order lets
+destroy_process_group() end the backend's threads before Python exits (lesson 04, section 6).
 """
 import argparse
+import gc
 import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  now: imported after init (DDP does it), it pins the group
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -62,8 +65,10 @@ def main(argv=None) -> int:
     dist.init_process_group(backend)
     try:
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        print(f"rank {rank} of {world_size}: backend {backend} ({why}), device {device_for_rank()}",
-              flush=True)
+        devices = [None] * world_size  # rank 0 prints for all: lines printed at once interleave
+        dist.all_gather_object(devices, str(device_for_rank()))
+        if rank == 0:
+            print(f"{world_size} ranks, backend {backend} ({why}), devices {devices}", flush=True)
         losses, _ = train_ddp(args.epochs, args.global_batch_size, args.lr)
         # each rank's loss is on its own shard; the mean over ranks is the global batch's loss
         mean_losses = torch.tensor(losses, device=device_for_rank())
@@ -79,6 +84,7 @@ def main(argv=None) -> int:
                 with open(args.losses_json, "w") as file:
                     json.dump(mean_losses, file)
     finally:
+        gc.collect()  # free the DDP wrapper (a reference cycle) so the group and its threads end here
         dist.destroy_process_group()
     return 0
 

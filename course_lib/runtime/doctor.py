@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -15,24 +16,43 @@ from typing import List, NamedTuple
 
 from . import env
 
+# The versions the whole test suite has passed on (README, "Run every test"): MIN_TORCH is
+# pyproject.toml's lower bound; CI runs the pinned CPU build and the newest release on every change.
+MIN_PYTHON = (3, 9)
 MIN_TORCH = (2, 4)
+NEWEST_TESTED_TORCH = (2, 15)
 SHM_ADVICE_BYTES = 1 << 30
 
 
 class Finding(NamedTuple):
     item: str
     value: str
-    status: str  # "ok", "note" (works, with advice) or "FAIL" (the course cannot run)
+    # "ok", "note" (works, with advice), "WARN" (may work: not tested) or "FAIL" (cannot run)
+    status: str
+
+
+def _dotted(version: tuple) -> str:
+    return ".".join(map(str, version))
+
+
+def torch_status(version_string: str) -> str:
+    """'ok' for a torch the course is tested on; WARN past the newest tested, FAIL below the oldest."""
+    version = tuple(int(part) for part in re.findall(r"\d+", version_string)[:2])
+    tested = f"{_dotted(MIN_TORCH)} to {_dotted(NEWEST_TESTED_TORCH)}"
+    if version < MIN_TORCH:
+        return f"FAIL: the course needs torch>={_dotted(MIN_TORCH)} (tested: {tested})"
+    if version > NEWEST_TESTED_TORCH:
+        untested = _dotted((NEWEST_TESTED_TORCH[0], NEWEST_TESTED_TORCH[1] + 1))
+        return (f"WARN: newer than the course is tested on ({tested}); if a lesson fails, "
+                f"pip install 'torch<{untested}' and tell us")
+    return "ok"
 
 
 def _torch_findings() -> List[Finding]:
     import torch
     import torch.distributed as dist
 
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    needed = ".".join(map(str, MIN_TORCH))
-    found = [Finding("torch", torch.__version__,
-                     "ok" if version >= MIN_TORCH else f"FAIL: the course needs torch>={needed}")]
+    found = [Finding("torch", torch.__version__, torch_status(torch.__version__))]
     gpus = env.gpu_count()
     if gpus:
         for index, (name, memory) in enumerate(gpu_descriptions()):
@@ -73,7 +93,8 @@ def gpu_descriptions() -> List[tuple]:
 
 def _machine_findings() -> List[Finding]:
     cores = env.cpu_cores()
-    found = [Finding("Python", platform.python_version(), "ok" if sys.version_info >= (3, 9) else "FAIL: needs 3.9+"),
+    python_ok = sys.version_info >= MIN_PYTHON
+    found = [Finding("Python", platform.python_version(), "ok" if python_ok else f"FAIL: needs {_dotted(MIN_PYTHON)}+"),
              Finding("CPU cores", str(cores), "ok" if cores >= 2 else "note: 2 ranks will share one core")]
     if os.path.isdir("/dev/shm"):
         total = shutil.disk_usage("/dev/shm").total
@@ -136,6 +157,8 @@ def main(argv=None) -> int:
     findings = diagnose(args.nprocs, not args.no_launch)
     print(format_table(findings))
     failed = [f for f in findings if f.status.startswith("FAIL")]
+    warned = [f for f in findings if f.status.startswith("WARN")]
     print("\n" + ("This machine cannot run the course yet: fix the FAIL lines above." if failed
+                  else "Ready to try: read the WARN lines above." if warned
                   else "Ready: every lesson runs here."))
     return 1 if failed else 0

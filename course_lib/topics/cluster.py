@@ -4,6 +4,7 @@ script, and running several simulated "nodes" (torchrun agents) on this machine 
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -46,10 +47,38 @@ def rank_layout(nproc_per_node) -> list:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (bound to port 0, then released) for a rendezvous endpoint."""
-    with socket.socket() as probe:
+    """A port free now, for a rendezvous endpoint that torchrun binds a moment later.
+
+    Picked at random below the range the OS hands out to port-0 binds and outgoing connections,
+    so that before torchrun binds it no other program's connection can take it by chance (a port
+    the OS picked, then released, can be handed out again at once).
+    """
+    first_ephemeral = _first_ephemeral_port()
+    if first_ephemeral > 11000:
+        for _ in range(100):
+            port = 10000 + secrets.randbelow(first_ephemeral - 10000)  # not `random`: seeded alike
+            if _can_bind(host, port):
+                return port
+    with socket.socket() as probe:  # no room below the range: let the OS pick
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def _first_ephemeral_port() -> int:
+    """The lowest port the OS hands out by itself: Linux says; elsewhere IANA's dynamic range."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def torchrun_command(script_and_args, nnodes: int = 1, nproc_per_node: int = 1,

@@ -1,5 +1,5 @@
 """Counting what a rank sends: `with count_traffic() as traffic:` records the bytes this rank
-sends and receives point-to-point, and the names of the collectives it calls.
+sends and receives point-to-point, and the collectives it runs.
 
 It grades the ring all-reduce exercise: a ring sends about 2 (N - 1) / N times the tensor's
 bytes per rank, the naive all-reduce makes rank 0 send (N - 1) times as much, and a solution
@@ -9,40 +9,52 @@ that just calls dist.all_reduce shows up in traffic.collectives.
         ring_all_reduce(tensor)
     traffic.bytes_sent, traffic.bytes_received, traffic.collectives
 
-How it works: while the block runs, torch.distributed's functions (send, recv, isend, irecv,
-batch_isend_irecv and the collectives below) are replaced, on the torch.distributed module
-and on torch.distributed.distributed_c10d, by wrappers that record the call and then call the
-original. On exit the originals are put back, even after an exception.
+How it works: it counts below the Python API, where the process group runs each operation.
+Every torch.distributed call (dist.send, an `isend` imported by name, batch_isend_irecv,
+dist.all_reduce, DDP's gradient all-reduce from its C++ Reducer) ends in one operation of
+torch's `c10d` operator namespace (`c10d::send`, `c10d::allreduce_`...), and every operator
+passes through the dispatcher. While the block runs, a dispatch mode (PyTorch's hook for seeing
+each operator call) records those, and lets every call through unchanged.
 
 Limits, so that you read the numbers right:
-- It sees calls made through the module, `dist.send(...)` or `torch.distributed.send(...)`.
-  A name bound before the block (`from torch.distributed import send`) is not seen, nor are
-  calls made from C++ (DDP's gradient all-reduce runs in its C++ Reducer).
-- Bytes are counted for point-to-point calls only: tensor.numel() * tensor.element_size() as
-  requested (a recv counts its buffer's size), without any protocol overhead. For collectives
+- Bytes are counted for point-to-point operations only: tensor.numel() * tensor.element_size()
+  as requested (a recv counts its buffer's size), without any protocol overhead. For collectives
   only the name is recorded: the bytes on the wire depend on the algorithm the backend picks.
-- Only the outermost call is counted: dist.send is built on dist.isend, and counts once;
-  dist.all_gather_object counts as the all_gather it makes.
-- It counts this process only: each rank has its own Traffic. Return it from the function you
-  launch to compare ranks. Blocks cannot be nested.
+  Names are the collective's, whichever form was called: all_gather_into_tensor and the
+  all_gather inside all_gather_object count as "all_gather".
+- It counts this thread's calls (and the backward passes it runs), in this process: each rank
+  has its own Traffic. Return it from the function you launch to compare ranks. Blocks cannot
+  be nested. Torch's functional collectives (DTensor, FSDP2, torch.compile) are not counted.
 """
 import contextlib
-import functools
-import inspect
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
+# The documented way to write a dispatch mode is this module, underscore and all ("Extending
+# PyTorch: extending all torch API with modes"); it has the same API on torch 2.4 to 2.15.
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["count_traffic", "Traffic", "POINT_TO_POINT", "COLLECTIVES"]
 
-POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-               "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-               "all_to_all_single", "barrier")
-_SENDS, _RECEIVES = ("send", "isend"), ("recv", "irecv")
+POINT_TO_POINT = ("send", "recv")
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
+               "reduce_scatter", "all_to_all", "barrier")
+
+# The c10d operators that torch.distributed's functions call, and the collective each one is.
+# Each function picks its operator (dist.all_gather_object ran allgather_ on torch 2.4 and runs
+# _allgather_base_ on 2.15); the operators themselves have kept these names from 2.4 to 2.15.
+_COLLECTIVE_OF_OPERATOR = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "broadcast_": "broadcast", "reduce_": "reduce",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather",
+    "allgather_coalesced_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+    "gather_": "gather", "scatter_": "scatter",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all",
+    "barrier": "barrier", "monitored_barrier_": "barrier",
+}
 
 
 @dataclass
@@ -63,8 +75,7 @@ class Traffic:
         return sum(self.bytes_received_from.values())
 
 
-_state = threading.local()  # .counting: True while a wrapper is running, to count calls once
-_active = []                # the Traffic of the open block, if any
+_active = []  # the Traffic of the open block, if any
 
 
 @contextlib.contextmanager
@@ -74,79 +85,46 @@ def count_traffic():
         raise RuntimeError("count_traffic() is already counting in this process; close the "
                            "first block before opening another (blocks cannot be nested)")
     traffic = Traffic(rank=dist.get_rank() if dist.is_initialized() else 0)
-    patched = []  # (module, name, original)
-    for name in POINT_TO_POINT + COLLECTIVES:
-        original = getattr(c10d, name, None)
-        if original is None:  # not in this torch version
-            continue
-        wrapper = _wrap(name, original, traffic)
-        for module in (dist, c10d):
-            if getattr(module, name, None) is original:
-                patched.append((module, name, original))
-                setattr(module, name, wrapper)
     _active.append(traffic)
     try:
-        yield traffic
+        with _CountingMode(traffic):
+            yield traffic
     finally:
-        for module, name, original in patched:
-            setattr(module, name, original)
         _active.clear()
 
 
-def _wrap(name, original, traffic):
-    signature = inspect.signature(original)
+class _CountingMode(TorchDispatchMode):
+    """Sees every operator call on this thread; records the c10d ones, then runs each as is."""
 
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        if getattr(_state, "counting", False):  # called from inside another counted call
-            return original(*args, **kwargs)
-        _state.counting = True
-        try:
-            if name == "batch_isend_irecv":
-                return _batch_isend_irecv(original, *args, **kwargs, traffic=traffic)
-            _record(name, signature.bind(*args, **kwargs).arguments, traffic)
-            return original(*args, **kwargs)
-        finally:
-            _state.counting = False
+    def __init__(self, traffic):
+        super().__init__()
+        self.traffic = traffic
 
-    return wrapper
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            _record(func.name().split("::", 1)[1], args, self.traffic)
+        return func(*args, **(kwargs or {}))
 
 
-def _record(name, arguments, traffic):
-    if name in _SENDS:
-        peer = _peer(arguments, "dst")
-        traffic.bytes_sent_to[peer] += _nbytes(arguments["tensor"])
-    elif name in _RECEIVES:
-        peer = _peer(arguments, "src")
-        traffic.bytes_received_from[peer] += _nbytes(arguments["tensor"])
-    else:
-        traffic.collectives.append(name)
+def _record(operator, args, traffic):
+    # Point-to-point operators take (tensors, process_group, peer's rank in that group, tag).
+    if operator == "send":
+        traffic.bytes_sent_to[_global_rank(args[1], args[2])] += _nbytes(args[0])
+    elif operator == "recv_":
+        traffic.bytes_received_from[_global_rank(args[1], args[2])] += _nbytes(args[0])
+    elif operator == "recv_any_source_":
+        traffic.bytes_received_from["any"] += _nbytes(args[0])
+    elif operator in _COLLECTIVE_OF_OPERATOR:
+        traffic.collectives.append(_COLLECTIVE_OF_OPERATOR[operator])
 
 
-def _batch_isend_irecv(original, p2p_op_list, traffic):
-    # The original tells sends from receives with `op.op is isend`, comparing against the
-    # module attribute we replaced: hand it ops that name the current (wrapped) functions,
-    # then give the caller's ops back their own.
-    own_ops = [op.op for op in p2p_op_list]
-    for op in p2p_op_list:
-        name = op.op.__name__
-        key = "dst" if name == "isend" else "src"
-        peers = {key: op.peer, f"group_{key}": getattr(op, "group_peer", None)}
-        _record(name, {"tensor": op.tensor, **peers}, traffic)
-        op.op = getattr(c10d, name)
+def _global_rank(process_group, group_rank):
+    """The peer's rank in the default group: what dist.get_rank() says on that peer."""
     try:
-        return original(p2p_op_list)
-    finally:
-        for op, own_op in zip(p2p_op_list, own_ops):
-            op.op = own_op
+        return dist.get_global_rank(dist.ProcessGroup.unbox(process_group), group_rank)
+    except (AttributeError, RuntimeError, ValueError):  # a group torch.distributed did not make
+        return group_rank
 
 
-def _peer(arguments, key):
-    peer = arguments.get(key)
-    if peer is None:  # torch >= 2.6 also accepts a rank within the group
-        peer = arguments.get(f"group_{key}")
-    return "any" if peer is None else int(peer)
-
-
-def _nbytes(tensor):
-    return tensor.numel() * tensor.element_size()
+def _nbytes(tensors):
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)

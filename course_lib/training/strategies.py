@@ -9,6 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+if dist.is_available():
+    import torch.distributed.nn  # noqa: F401  now: imported after init (DDP does it), it pins the group
+
 STRATEGIES = ("single", "dp", "ddp")
 
 

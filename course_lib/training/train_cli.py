@@ -103,13 +103,11 @@ def _train_under_torchrun(config: TrainConfig, args):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     try:
-        history = train(config, args.samples, args.hidden)
-        # DDP holds reference cycles; if it outlives the process group, gloo can abort the
-        # process at exit ("terminate called without an active exception"). Free it first.
-        gc.collect()
-        dist.barrier()
-        return history
+        return train(config, args.samples, args.hidden)
     finally:
+        # DDP sits in a reference cycle: collected, it lets go of the group, whose gloo threads
+        # then end here, not at exit, where they can abort the process (see examples/ddp_train.py)
+        gc.collect()
         dist.destroy_process_group()
 
 
