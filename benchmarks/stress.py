@@ -30,6 +30,7 @@ class Scenario:
     command: list      # argv; "{script}" is replaced by the path of `script` written to a scratch folder
     expect: str        # a line every good run prints
     script: str = ""   # Python source for the scenarios that are a small program
+    in_repo: bool = False  # run in the repository (the nbval scenarios), not in a scratch folder
 
 
 LAUNCH_ALL_REDUCE = """
@@ -220,6 +221,13 @@ SCENARIOS = {
     "dcp_save_load": Scenario([sys.executable, "{script}"], "dcp ok", DCP_SAVE_LOAD),
     "two_nodes": Scenario([sys.executable, "{script}"], "two nodes ok",
                           f"WHOAMI = {WHOAMI!r}\n{TWO_NODES}"),
+    # the notebooks as the test suite runs them: nbval on the solution, and on the unsolved lesson
+    **{f"nbval_{kind}_{lesson}": Scenario(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_notebooks.py",
+         "-k", f"{test} and {lesson}"], "1 passed", in_repo=True)
+       for lesson in ("04_ddp_flow", "08_pitfalls")
+       for kind, test in (("solution", "test_solution_passes_nbval"),
+                          ("lesson", "test_unsolved_lesson_fails_in_every_check_and_nowhere_else"))},
     "elastic_restart": Scenario([sys.executable, "{script}"], "elastic ok",
                                 f"ELASTIC_TRAIN = {ELASTIC_TRAIN!r}\n{ELASTIC_RESTART}"),
 }
@@ -234,7 +242,7 @@ def run_once(scenario: Scenario, scratch: Path, timeout: float):
     command = [str(script) if part == "{script}" else part for part in scenario.command]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     start = time.monotonic()
-    process = subprocess.Popen(command, cwd=scratch, env=env, text=True, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, cwd=REPO if scenario.in_repo else scratch, env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout)
@@ -268,7 +276,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, scenario in SCENARIOS.items():
-            print(f"{name:20} {' '.join(scenario.command).replace(sys.executable, 'python')}")
+            print(f"{name:28} {' '.join(scenario.command).replace(sys.executable, 'python')}")
         return 0
     names = args.only.split(",") if args.only else list(SCENARIOS)
     unknown = [name for name in names if name not in SCENARIOS]
@@ -282,9 +290,9 @@ def main(argv=None) -> int:
             burner.kill()
             burner.wait()
     print()
-    print(f"{'scenario':20} {'runs':>5} {'failures':>8} {'median s':>9}  first failure's last lines")
+    print(f"{'scenario':28} {'runs':>5} {'failures':>8} {'median s':>9}  first failure's last lines")
     for name, runs, failures, median, first_failure in rows:
-        print(f"{name:20} {runs:5d} {failures:8d} {median:9.1f}  {first_failure or '-'}")
+        print(f"{name:28} {runs:5d} {failures:8d} {median:9.1f}  {first_failure or '-'}")
     return 1 if any(row[2] for row in rows) else 0
 
 
