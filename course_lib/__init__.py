@@ -11,7 +11,7 @@ Its layers, each importing only the ones listed before it:
     examples/   scripts the lessons run under torchrun
 
 The names learners type every day are importable from here (lazily, so `import course_lib`
-stays fast): `from course_lib import launch, Trainer, TrainConfig, make_dataset, make_model`.
+stays fast): `from course_lib import launch, spawn, Trainer, TrainConfig, make_dataset, make_model`.
 """
 import importlib
 
@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 # name -> the module that defines it
 _EXPORTS = {
     "launch": "course_lib.runtime.launch",
+    "spawn": "course_lib.runtime.spawn",
     "DistributedRunError": "course_lib.runtime.errors",
     "DistributedSession": "course_lib.runtime.session",
     "Trainer": "course_lib.training.trainers",

@@ -7,6 +7,17 @@ import textwrap
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def run_cells(*sources, timeout: float = 120) -> list:
+    """Run each source as a cell of a new notebook in a fresh kernel; each cell's text output."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": REPO}}).execute()
+    return ["".join(o.get("text", "") for o in cell.outputs) for cell in notebook.cells]
+
+
 def start_script(code: str, tmp_path, name: str = "script.py") -> subprocess.Popen:
     path = tmp_path / name
     path.write_text(textwrap.dedent(code))

@@ -61,7 +61,9 @@ def test_doctor_fails_when_the_test_launch_fails(monkeypatch, capsys):
     def broken_launch(*args, **kwargs):
         raise RuntimeError("ranks could not meet")
 
-    monkeypatch.setattr(sys.modules["course_lib.runtime.launch"], "launch", broken_launch)
+    import course_lib.runtime.launch  # imported by the test itself: it runs alone too
+
+    monkeypatch.setattr(course_lib.runtime.launch, "launch", broken_launch)
     assert doctor.main([]) == 1
     assert "FAIL: ranks could not meet" in capsys.readouterr().out
 

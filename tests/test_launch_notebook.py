@@ -1,25 +1,16 @@
 """course_lib.runtime.launch inside a real Jupyter kernel: output in the cell, captures, interrupts."""
 import time
 
-import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
-from nbclient import NotebookClient
 
-from scripts import REPO, process_is_gone
+from scripts import REPO, process_is_gone, run_cells
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _run_notebook(*sources):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    NotebookClient(notebook, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": REPO}}).execute()
-    return ["".join(o.get("text", "") for o in cell.outputs) for cell in notebook.cells]
-
-
 def test_a_cell_defined_function_runs_and_every_rank_prints_into_the_cell():
-    outputs = _run_notebook(
+    outputs = run_cells(
         "import torch, torch.distributed as dist\nfrom course_lib import launch\n"
         "x = torch.randn(300, 300, requires_grad=True); (x @ x).sum().backward()",
         "def work(n):\n    print(f'hello from rank {dist.get_rank()}')\n"

@@ -9,7 +9,7 @@ import course_lib
 PACKAGE = Path(course_lib.__file__).parent
 # Lower layers first; a module may import its own layer and the ones before it, never after.
 LAYERS = ["runtime", "training", "topics", "checks", "authoring", "examples"]
-DAILY_NAMES = ["launch", "DistributedRunError", "DistributedSession", "Trainer", "TrainConfig",
+DAILY_NAMES = ["launch", "spawn", "DistributedRunError", "DistributedSession", "Trainer", "TrainConfig",
                "make_dataset", "make_model"]
 
 

@@ -11,6 +11,7 @@ Imports nothing else of course_lib. The bottom modules import nothing of the pac
 The notebook side (the caller's process):
 
     launch        launch(fn, ...): run a function on N local processes, return their results
+    spawn         spawn(fn, args, nprocs): torch.multiprocessing.spawn's call, fn(rank, *args)
     rank_group    start the ranks, watch them, relay their output, stop them all
     rank_start    start one rank by fork or spawn, with its pipes
     rendezvous    the TCPStore the launcher hosts on loopback, where the ranks meet
@@ -22,4 +23,5 @@ The rank side (inside each rank's process):
 
     rank_process  set up one rank, run its job, report back, exit
     session_rank  a session's rank: keep a namespace and serve commands until closed
+    user_rendezvous  the user's own init_process_group in a rank: its address, a port in use
 """

@@ -41,6 +41,7 @@ class DistributedRunError(RuntimeError):
     outputs: Dict[int, List[str]] = field(default_factory=dict)
     world_size: int = 0
     timed_out: bool = False
+    note: str = ""                  # what the launcher knows beyond each rank (e.g. the rendezvous)
 
     def __post_init__(self):
         RuntimeError.__init__(self, self.describe())
@@ -59,7 +60,7 @@ class DistributedRunError(RuntimeError):
         return self.describe()
 
     def __reduce__(self):
-        return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out))
+        return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out, self.note))
 
     def describe(self, output_lines: int = 10) -> str:
         if self.timed_out:
@@ -67,7 +68,7 @@ class DistributedRunError(RuntimeError):
             head = f"timed out: {len(hung)} of {self.world_size} ranks still running (ranks {_ranks(hung)})"
         else:
             head = f"{len(self.failures)} of {self.world_size} ranks failed (ranks {_ranks(self.failures.values())})"
-        lines = [head, ""]
+        lines = [head, ""] + ([self.note, ""] if self.note else [])
         if self.timed_out:
             for failure in sorted(self.failures.values(), key=lambda f: f.rank):
                 lines.append(f"rank {failure.rank}: {failure.summary}")
@@ -98,5 +99,5 @@ def _ranks(failures) -> str:
     return ", ".join(str(f.rank) for f in sorted(failures, key=lambda f: f.rank))
 
 
-def _rebuild(failures, outputs, world_size, timed_out):
-    return DistributedRunError(failures, outputs, world_size, timed_out)
+def _rebuild(failures, outputs, world_size, timed_out, note=""):
+    return DistributedRunError(failures, outputs, world_size, timed_out, note)

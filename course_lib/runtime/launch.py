@@ -27,6 +27,9 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     - ``fn`` may be defined in a notebook cell, a closure or a lambda.
     - Each rank sees RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as under torchrun;
       with ``init_process_group=True`` the default process group is ready when ``fn`` starts.
+      With ``False``, ``fn`` calls ``init_process_group`` itself: env:// with these variables, its
+      own MASTER_ADDR/MASTER_PORT, a tcp:// URL or explicit rank/world_size all work as under
+      plain processes; a fixed port already in use fails at once, naming the port.
     - ``backend=None`` picks NCCL (rank r on cuda:r) when every rank can own a GPU, else gloo.
     - ``output``: "all" ranks' lines, "rank0" only, or "none"; each line labelled ``[rankN]``.
     - ``timeout`` (seconds): past it, every hung rank's stack is shown and all are stopped.
@@ -35,12 +38,20 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     Raises DistributedRunError (a RuntimeError) naming every failed rank; no rank survives it,
     nor a KeyboardInterrupt.
     """
-    if not callable(fn):
-        raise TypeError(f"launch needs a function to run, got {type(fn).__name__}")
+    return run_ranks(CallFunction(fn, args, kwargs), nprocs, backend, timeout, init_process_group,
+                     output, start_method, who="launch")
+
+
+def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: Optional[float],
+              init_process_group: bool, output: str, start_method: Optional[str],
+              who: str) -> List[Any]:
+    """Start the ranks on `job`, wait for every reply, stop them all: launch's and spawn's body."""
+    if not callable(job.fn):
+        raise TypeError(f"{who} needs a function to run, got {type(job.fn).__name__}")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout={timeout!r}: give a number of seconds above 0, or None")
-    group, rendezvous = start_ranks(CallFunction(fn, args, kwargs), nprocs, backend, start_method,
-                                    output, init_process_group, timeout, who="launch")
+    group, rendezvous = start_ranks(job, nprocs, backend, start_method, output,
+                                    init_process_group, timeout, who)
     finished = False
     try:
         replies = group.collect(timeout=timeout)

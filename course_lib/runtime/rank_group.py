@@ -62,7 +62,11 @@ class RankGroup:
             if name in ("stdout", "stderr"):
                 self.relay.feed(handle.rank, name, data)
             elif name == "messages":
-                handle.messages.extend(_decode(handle.rank, f) for f in handle.frames.feed(data))
+                for kind, payload in (_decode(handle.rank, f) for f in handle.frames.feed(data)):
+                    if kind == "rendezvous":  # a note on the way, not the rank's reply
+                        handle.rendezvous = payload
+                    else:
+                        handle.messages.append((kind, payload))
             else:
                 handle.stacks += data
         for handle in self.handles:
@@ -145,7 +149,8 @@ class RankGroup:
 
     def error(self, failures, timed_out=False) -> DistributedRunError:
         self.relay.flush()
-        return DistributedRunError(failures, self.relay.outputs(), len(self.handles), timed_out)
+        note = _rendezvous_note(self.handles, failures) if timed_out else ""
+        return DistributedRunError(failures, self.relay.outputs(), len(self.handles), timed_out, note)
 
     # -- stopping ------------------------------------------------------------------------------
     def send(self, rank: int, payload: bytes) -> None:
@@ -196,6 +201,32 @@ class RankGroup:
                 handle.popen.returncode = handle.returncode
             if handle.writer is not None:
                 handle.writer.join(timeout=1)
+
+
+def _rendezvous_note(handles: List[RankHandle], failures) -> str:
+    """When ranks hang in their own init_process_group: which ranks arrived, at which address."""
+    waiting = [rank for rank, failure in failures.items() if "in init_process_group" in failure.stack]
+    arrived = {h.rank: h.rendezvous for h in handles if h.rendezvous}
+    if not waiting or not arrived:
+        return ""
+    places = {}
+    for rank, where in sorted(arrived.items()):
+        key = (where["address"], where["world_size"], where["hosted_by"])
+        places.setdefault(key, []).append(rank)
+    lines = ["The rendezvous did not complete:"]
+    for (address, world_size, hosted_by), ranks in places.items():
+        lines.append(f"  {_ranks_phrase(ranks)} called init_process_group at {address} "
+                     f"(store hosted by {hosted_by}), for world_size={world_size}")
+    missing = [h.rank for h in handles if h.rank not in arrived]
+    if missing:
+        lines.append(f"  {_ranks_phrase(missing)} never called init_process_group: every rank must call it")
+    if len(places) > 1:
+        lines.append("  every rank must use the same address, port and world_size")
+    return "\n".join(lines)
+
+
+def _ranks_phrase(ranks) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _decode(rank: int, frame: bytes):

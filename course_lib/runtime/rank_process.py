@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 from . import channel
 from .tracebacks import describe_current_exception
+from .user_rendezvous import follow_user_rendezvous
 
 
 @dataclass
@@ -126,6 +127,8 @@ def _run_phases(spec: RankSpec, pipes: RankPipes) -> int:
         phase = "init_process_group"
         if spec.init_process_group:
             _init_process_group(spec)
+        else:  # the user's code sets up its own process group, wherever it chooses
+            follow_user_rendezvous(lambda where: channel.send(pipes.messages, ("rendezvous", where)))
         phase = "running"
         job(spec, pipes)
         if spec.init_process_group:
@@ -185,13 +188,17 @@ def _flush_and_exit(code: int) -> None:
 
 
 class CallFunction:
-    """The job of a launch: call fn(*args, **kwargs) once and send back what it returns."""
+    """The job of a launch: call fn(*args, **kwargs) once and send back what it returns.
 
-    def __init__(self, fn, args, kwargs):
-        self.fn, self.args, self.kwargs = fn, args, kwargs
+    With rank_first (spawn, as torch.multiprocessing.spawn does), the call is fn(rank, *args, **kwargs).
+    """
+
+    def __init__(self, fn, args, kwargs, rank_first: bool = False):
+        self.fn, self.args, self.kwargs, self.rank_first = fn, args, kwargs, rank_first
 
     def __call__(self, spec: RankSpec, pipes: RankPipes) -> None:
-        result = self.fn(*self.args, **self.kwargs)
+        args = (spec.rank, *self.args) if self.rank_first else self.args
+        result = self.fn(*args, **self.kwargs)
         try:
             payload = channel.dumps(("ok", result))
         except Exception as exc:  # noqa: BLE001

@@ -32,6 +32,7 @@ class RankHandle:
     stacks: bytearray = field(default_factory=bytearray)
     pidfd: Optional[int] = None
     writer: Optional[threading.Thread] = None  # spawn: sends the spec and job in the background
+    rendezvous: Optional[dict] = None        # where the rank's own init_process_group went, if it called one
 
     @property
     def alive(self) -> bool:

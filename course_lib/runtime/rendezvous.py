@@ -25,10 +25,11 @@ class Rendezvous:
         listener.listen(max(128, world_size))
         self.port = listener.getsockname()[1]
         # The launcher plays torchrun's agent: it hosts the store and every rank joins as a client
-        # (TORCHELASTIC_USE_AGENT_STORE below), so even `init_process_group("gloo")` in user code works.
+        # (TORCHELASTIC_USE_AGENT_STORE below), so even `init_process_group("gloo")` in user code works;
+        # user code that picks another address gets its own store (see user_rendezvous).
         # The store takes the socket over (and closes it when freed). Before torch 2.8 the libuv
         # store cannot (it logs an error and raises; pytorch/pytorch#150215 taught it in 2.8): on
-        # 2.6 and 2.7 the store it replaced does, speaking the same protocol to the ranks.
+        # 2.7 the store it replaced does, speaking the same protocol to the ranks.
         self.store = TCPStore(MASTER_ADDR, self.port, world_size, is_master=True,
                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
                               master_listen_fd=listener.detach(),
