@@ -1,5 +1,6 @@
 """course_lib.topics.cluster: rank layouts, torchrun command lines, the SLURM script, running "nodes"."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,6 +85,23 @@ def test_run_nodes_collects_each_nodes_output_and_exit_code():
                       [sys.executable, "-c", "import sys; print('node b'); sys.exit(3)"]], timeout=60)
     assert [run.returncode for run in runs] == [0, 3]
     assert runs[0].lines("node") == ["node a"] and runs[1].output == "node b\n"
+
+
+def test_lines_printed_at_once_by_the_processes_of_a_node_stay_whole(monkeypatch):
+    # one node whose four processes print many lines at the same moment into the node's pipe;
+    # a learner's (or CI's) PYTHONUNBUFFERED must not split a line in two writes
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    printer = ("import sys\nfor i in range(5000):\n    print(f'process {sys.argv[1]} line {i} end', "
+               "flush=True)\n")
+    node = (f"import subprocess, sys\nprinter = {printer!r}\n"
+            "ps = [subprocess.Popen([sys.executable, '-c', printer, str(n)]) for n in range(4)]\n"
+            "sys.exit(max(p.wait() for p in ps))\n")
+    (run,) = run_nodes([[sys.executable, "-c", node]], timeout=60)
+    assert run.returncode == 0, run.output
+    lines = run.output.splitlines()
+    assert len(lines) == 20000
+    assert all(re.fullmatch(r"process [0-3] line \d+ end", line) for line in lines), (
+        [line for line in lines if not re.fullmatch(r"process [0-3] line \d+ end", line)][:3])
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")

@@ -122,7 +122,11 @@ def run_nodes(commands, timeout: float, cwd=None, env=None) -> list:
     process below it, by pid (torchrun's workers run in sessions of their own, outside the
     group). No agent or worker survives; a timeout raises TimeoutError.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # Buffered output, as Python's default: print(..., flush=True) then writes its line in one go.
+    # Unbuffered (PYTHONUNBUFFERED), the text and its newline are two writes, and two ranks that
+    # print at the same moment share the pipe: "[node 1] RANK=3 ...[node 1] RANK=2 ..." on one line.
+    inherited = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
     processes = []
     try:
         for command in commands:
