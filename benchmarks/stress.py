@@ -125,7 +125,7 @@ dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([rank])
 dist.all_reduce(total)
-print(f"[node {os.environ['GROUP_RANK']}] RANK={rank} sum of all ranks={total.item()}", flush=True)
+print(f"[node {os.environ['GROUP_RANK']}] RANK={rank} sum of all ranks={total.item()}\\n", end="", flush=True)
 dist.destroy_process_group()
 """
 

@@ -50,6 +50,19 @@ def test_stub_replaces_every_region_of_a_cell():
     assert stub_regions(source, "x") == f"# YOUR CODE HERE\n{STUB}\nb = 2\n# YOUR CODE HERE\n{STUB}"
 
 
+def test_stub_keeps_a_regions_step_comments_in_order_as_a_skeleton():
+    source = ("def save(state, path):\n    ### BEGIN SOLUTION\n    # Step 1: write a temporary file\n"
+              "    with open(path, 'wb') as f:\n        # Step 2: flush and fsync it\n"
+              "        f.flush()  # not a step\n    # Step 3: rename it over path\n"
+              "    ### END SOLUTION\n")
+    assert stub_regions(source, "x") == (
+        "def save(state, path):\n    # YOUR CODE HERE\n    # Step 1: write a temporary file\n"
+        "    # Step 2: flush and fsync it\n    # Step 3: rename it over path\n"
+        f"    {STUB}\n")
+    markdown = "### BEGIN SOLUTION\n# Step 1: an answer\n### END SOLUTION"
+    assert stub_regions(markdown, "x", markdown=True) == "YOUR ANSWER HERE"
+
+
 @pytest.mark.parametrize("source, complaint", [
     ("### BEGIN SOLUTION\nx = 1", "never closed"),
     ("x = 1\n### END SOLUTION", "without a ### BEGIN SOLUTION"),

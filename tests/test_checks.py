@@ -1,6 +1,8 @@
-"""The grading helpers, and every lesson grader's duty: reject at least two plausible wrong answers.
+"""The grading helpers, and every lesson grader's duty: reject three plausible wrong answers.
 
 Lesson graders are found in course_lib/checks/lessonNN.py; their WRONG_ANSWERS drive the tests.
+The other half, correct answers written differently from the solutions, is in
+tests/test_checks_alternatives.py.
 """
 import importlib
 import pkgutil
@@ -13,7 +15,7 @@ import course_lib.checks as checks
 from course_lib.checks import (GradingError, WrongAnswer, describe, expect, expect_close,
                                expect_equal, grader, wrong_answer)
 
-MIN_WRONG_ANSWERS = 2
+MIN_WRONG_ANSWERS = 3
 
 
 def lesson_grader_modules():
@@ -58,9 +60,9 @@ WRONG_ANSWER_CASES = [
 
 
 @pytest.mark.parametrize("module", LESSON_MODULES, ids=lambda module: module.__name__)
-def test_every_grader_declares_two_wrong_answers(module):
+def test_every_grader_declares_three_wrong_answers(module):
     assert not missing_wrong_answers(module), (
-        "declare at least two plausible wrong answers per grader in WRONG_ANSWERS: "
+        "declare at least three plausible wrong answers per grader in WRONG_ANSWERS: "
         + "; ".join(missing_wrong_answers(module)))
 
 
@@ -91,7 +93,8 @@ def test_machinery_finds_a_grader_short_of_wrong_answers():
     assert missing_wrong_answers(module) == [
         "course_lib.checks.lesson99.check_double has 1 wrong answers"]
     full = make_lesson_module([wrong_answer("adds one", lambda x: x + 1),
-                               wrong_answer("squares", lambda x: x * x)])
+                               wrong_answer("squares", lambda x: x * x),
+                               wrong_answer("adds two", lambda x: x + 2)])
     assert missing_wrong_answers(full) == []
 
 

@@ -34,6 +34,10 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         reply = self.client.get_shell_msg(timeout=timeout)
+        while reply["parent_header"].get("msg_id") != msg_id:  # a reply to an earlier request
+            reply = self.client.get_shell_msg(timeout=timeout)
+        if reply["content"]["status"] != "ok":
+            text += f"\n[reply] {reply['content']}"
         return reply["content"]["status"], text, error
 
     def close(self, now=False):

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 
 from ..checks import passed_line
-from .cells import (BEGIN_SOLUTION, END_SOLUTION, STUB, is_check_cell, is_code,
+from .cells import (BEGIN_SOLUTION, END_SOLUTION, SKELETON_STEP, STUB, is_check_cell, is_code,
                     is_solution_only)
 from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs
@@ -22,7 +22,11 @@ class LessonBuildError(ValueError):
 
 
 def stub_regions(source: str, where: str, markdown: bool = False) -> str:
-    """Replace each BEGIN/END SOLUTION region of `source` with a stub at the region's indent."""
+    """Replace each BEGIN/END SOLUTION region of `source` with a stub at the region's indent.
+
+    A code region's `# Step ...` comments stay in its stub, in order, before the `raise`: a
+    skeleton of a multi-step exercise that says what to do, not how.
+    """
     kept, region_start = [], None
     for number, line in enumerate(source.splitlines(), start=1):
         marker = line.strip()
@@ -32,15 +36,18 @@ def stub_regions(source: str, where: str, markdown: bool = False) -> str:
                                        f"opened at line {region_start}; close it with {END_SOLUTION}")
             region_start = number
             indent = line[: len(line) - len(line.lstrip())]
-            kept += [indent + MARKDOWN_STUB] if markdown else [indent + "# YOUR CODE HERE",
-                                                               indent + STUB]
+            kept += [indent + MARKDOWN_STUB] if markdown else [indent + "# YOUR CODE HERE"]
         elif marker == END_SOLUTION:
             if region_start is None:
                 raise LessonBuildError(f"{where}: line {number} has {END_SOLUTION} without a "
                                        f"{BEGIN_SOLUTION} before it")
             region_start = None
+            if not markdown:
+                kept.append(indent + STUB)
         elif region_start is None:
             kept.append(line)
+        elif not markdown and marker.startswith(SKELETON_STEP):
+            kept.append(indent + marker)
     if region_start is not None:
         raise LessonBuildError(f"{where}: line {region_start} opens a region that is never "
                                f"closed; add {END_SOLUTION} after the solution code")

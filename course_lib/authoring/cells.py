@@ -10,6 +10,7 @@ CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
 IGNORE_MARKER = "# NBVAL_IGNORE_OUTPUT"
 SOLUTION_TAG = "solution"
 STUB = 'raise NotImplementedError("Exercise: write this part, then run the check cell below")'
+SKELETON_STEP = "# Step "  # a comment in a solution region that the lesson's stub keeps, in order
 GRADER_CALL = re.compile(r"\b(check_\w+)\s*\(")
 
 

@@ -12,7 +12,14 @@ Conventions for lesson authors (tests/test_checks.py enforces them):
   ``GradingError`` that tells the learner to fill in the exercise.
 - Nothing else may reach a check cell's output: a grader that launches ranks passes
   ``output="none"``, and build-lessons refuses a check cell that stored any other line.
-- Every grader is rejected by at least two plausible wrong answers, declared in the module::
+- A grader checks what the exercise's text asks, by behaviour, never by how it was spelled: any
+  integer type where it asks for a whole number, any API that does the job (bytes are counted
+  below the Python API), placement on a mix of devices, two steps where state can leak, a crash
+  at every step of a save, the printed value where it asks to print.
+  tests/test_checks_alternatives.py holds at least two correct answers per grader, written
+  differently from the solution; each must pass. Where the text is ambiguous, sharpen the text,
+  not the grader's tolerance.
+- Every grader is rejected by at least three plausible wrong answers, declared in the module::
 
       WRONG_ANSWERS = {
           check_average_gradients: [

@@ -1,4 +1,9 @@
-"""Graders for lesson 00 (welcome): what a rank knows about itself, and where its output goes."""
+"""Graders for lesson 00 (welcome): what a rank knows about itself, and where its output goes.
+
+- who am I: whoami() returns (rank, world_size), two whole numbers asked from the process group
+  (or torchrun's environment), on 2 ranks and on 1.
+- where output goes: the lines output="rank0" shows, what launch returns (every rank's result, in
+  rank order), and the notebook's `total` afterwards (unchanged: each rank has its own memory)."""
 import os
 
 import torch.distributed as dist

@@ -1,4 +1,9 @@
-"""Graders for lesson 01 (single-device baseline): throughput from step times, the global batch."""
+"""Graders for lesson 01 (single-device baseline): throughput from step times, the global batch.
+
+- throughput: samples per second, batch_size over the median step time once the first
+  warmup_steps times are left out (any median that agrees with statistics.median).
+- global batch size: the samples one optimizer step sees, batch_size x grad_accum_steps x
+  world_size."""
 import statistics
 
 import torch

@@ -1,8 +1,16 @@
 """Lesson 02 graders: DataParallel's scatter and gather, and gradients equal to one device's.
 
-Each grader compares the learner's function with course_lib.training.dp's reference on uneven batches,
-nested inputs and PyTorch's "meta" device (shapes and placement without data, so a CPU-only
-machine can still check that chunks and outputs land on the device they were sent to).
+- scatter a batch: each tensor cut along dim 0 with chunk's sizes (7 rows on 2 devices: 4 + 3),
+  chunk i on devices[i], tuples/lists/dicts scattered item by item, other objects to every replica.
+- gather the outputs: the replicas' outputs concatenated along dim 0, replica 0 first, on
+  output_device (each output moved there, wherever it was), tuples gathered element by element.
+- gradients equal one device's: the model's gradients after one DataParallel forward and backward
+  by hand equal those of one device on the whole batch.
+
+Each grader compares the learner's function with course_lib.training.dp's reference on uneven
+batches, nested inputs and a mix of devices: PyTorch's "meta" device (shapes and placement without
+data) next to the CPU, so a CPU-only machine can check that every chunk and output lands on the
+device it was sent to.
 """
 import torch
 import torch.nn.functional as F
@@ -13,14 +21,14 @@ CPU = torch.device("cpu")
 META = torch.device("meta")  # a device with shapes but no data: placement checks without GPUs
 
 
-def _call(function, *args, what: str):
+def _call(function, *args, what: str, hint: str = ""):
     """The learner's function's result; a crash becomes a GradingError that quotes it."""
     try:
         return function(*args)
     except NotImplementedError:
         raise  # the @grader decorator turns the stub into advice
     except Exception as error:
-        expect(False, what, "a result", f"{type(error).__name__}: {error}"[:300])
+        expect(False, what, "a result", f"{type(error).__name__}: {error}"[:300], hint)
 
 
 def _first_difference(actual, expected, where: str):
@@ -85,9 +93,14 @@ def check_scatter_batch(scatter_batch):
          (_rows(5), {"mask": _rows(5, width=2, offset=100)}, "tag"), two),
         ("scatter_batch([X, Y], 3 devices)", [_rows(7), _rows(7, width=1, offset=50)], three),
         ("scatter_batch(7 rows, 2 'meta' devices)", _rows(7), [META, META]),
+        ("scatter_batch(7 rows, devices [cpu, 'meta'])", _rows(7), [CPU, META]),
+        ("scatter_batch((X, Y), devices ['meta', cpu, 'meta'])",
+         (_rows(10), _rows(10, width=1, offset=50)), [META, CPU, META]),
+        ("scatter_batch({'x': 3 rows, 'mask': 3 rows}, devices [cpu, 'meta', cpu, 'meta'])",
+         {"x": _rows(3), "mask": _rows(3, width=2, offset=100)}, [CPU, META, CPU, META]),
     ]
     for call, inputs, devices in cases:
-        result = _call(scatter_batch, inputs, devices, what=call)
+        result = _call(scatter_batch, inputs, devices, what=call, hint=SCATTER_HINT)
         expect(isinstance(result, (list, tuple)), call, "a list with one entry per replica",
                describe(result), SCATTER_HINT)
         _expect_same(list(result), scatter(inputs, devices), call, SCATTER_HINT)
@@ -125,6 +138,22 @@ def _split_like_tensor_split(tensor, devices):  # 10 rows on 3 devices: 4 + 3 + 
     return [chunk.to(d) for chunk, d in zip(chunks, devices) if len(chunk)]
 
 
+def _split_onto_the_first_device(tensor, devices):
+    return [chunk.to(devices[0]) for chunk in tensor.chunk(len(devices))]
+
+
+def _scatter_dicts_by_device_count(inputs, devices):
+    """Right for tensors, tuples and lists; a dict becomes len(devices) dicts, some of them empty
+    chunks, instead of as many as its tensors give."""
+    if isinstance(inputs, dict):
+        chunks = {key: value.chunk(len(devices)) for key, value in inputs.items()}
+        return [{key: (parts[i].to(device) if i < len(parts) else inputs[key][:0].to(device))
+                 for key, parts in chunks.items()} for i, device in enumerate(devices)]
+    from ..training.dp import scatter
+
+    return scatter(inputs, devices)
+
+
 def _scatter_tensors_only(inputs, devices):
     if isinstance(inputs, torch.Tensor):
         return [chunk.to(d) for chunk, d in zip(inputs.chunk(len(devices)), devices)]
@@ -150,9 +179,13 @@ def check_gather_outputs(gather_outputs):
         ("gather_outputs([(logits, features), (logits, features)], cpu)", pairs, CPU),
         ("gather_outputs([4 rows, 3 rows], 'meta')", uneven, META),
         ("gather_outputs([2 rows, 5 rows, 1 row], 'meta')", three, META),
+        ("gather_outputs([4 rows on cpu, 3 rows on 'meta'], 'meta')",
+         [_rows(4), _rows(3, offset=100).to(META)], META),
+        ("gather_outputs([(logits, features) on 'meta', (logits, features) on cpu], 'meta')",
+         [tuple(t.to(META) for t in pairs[0]), pairs[1]], META),
     ]
     for call, outputs, output_device in cases:
-        result = _call(gather_outputs, outputs, output_device, what=call)
+        result = _call(gather_outputs, outputs, output_device, what=call, hint=GATHER_HINT)
         _expect_same(result, gather(outputs, output_device), call, GATHER_HINT)
 
 
@@ -175,6 +208,10 @@ def _join_largest_chunk_first(outputs, output_device):
 
 def _join_on_the_first_outputs_device(outputs, output_device):
     return torch.cat([o.to(outputs[0].device) for o in outputs])
+
+
+def _join_then_move(outputs, output_device):
+    return torch.cat(outputs).to(output_device)
 
 
 def _join_with_stack(outputs, output_device):
@@ -284,6 +321,10 @@ WRONG_ANSWERS = {
         wrong_answer("never moves the chunks to their device", _scatter_by(_split_without_moving)),
         wrong_answer("splits like tensor_split (4+3+3), not like DataParallel (4+4+2)",
                      _scatter_by(_split_like_tensor_split)),
+        wrong_answer("puts every chunk on the first device",
+                     _scatter_by(_split_onto_the_first_device)),
+        wrong_answer("makes one dict per device, even with fewer rows than devices",
+                     _scatter_dicts_by_device_count),
     ],
     check_gather_outputs: [
         wrong_answer("concatenates in reverse replica order", _gather_by(_join_in_reverse)),
@@ -291,6 +332,8 @@ WRONG_ANSWERS = {
         wrong_answer("leaves the result on the first output's device",
                      _gather_by(_join_on_the_first_outputs_device)),
         wrong_answer("stacks instead of concatenating", _gather_by(_join_with_stack)),
+        wrong_answer("concatenates first, then moves the result to output_device",
+                     _gather_by(_join_then_move)),
     ],
     check_data_parallel_gradients: [
         wrong_answer("sums the replicas' gradients a second time", _gradients_summed_twice),

@@ -1,5 +1,12 @@
 """Graders for lesson 04, the DDP flow: the broadcast at construction, DDP by hand, and the
 indices DistributedSampler deals each rank. The distributed graders run your function on 2 ranks.
+
+- broadcast the parameters: afterwards every rank holds rank 0's initial weights, and rank 0
+  keeps its own (any way of copying them from rank 0).
+- DDP by hand: the weights after each step equal one process's on the global batch, on every
+  rank: the gradients averaged over the ranks, whatever collective does it.
+- indices for a rank: the indices DistributedSampler(shuffle=True, seed) gives this rank in this
+  epoch (a list, a tensor or any sequence of whole numbers).
 """
 import torch
 import torch.distributed as dist

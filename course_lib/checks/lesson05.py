@@ -1,10 +1,17 @@
 """Graders for lesson 05, gradient accumulation and `no_sync`: how many micro-batches make the
 global batch, and an accumulation loop that matches the large batch with one all-reduce per step.
 
+- grad_accum_steps for a global batch: global_batch_size / (batch_size x world_size) as a whole
+  number (any integer type), and a ValueError when it is not whole.
+- accumulation with no_sync: the weights after every optimizer step equal one process's on the
+  whole global batch, with one DDP all-reduce per step, and the returned losses (numbers or 0-dim
+  tensors), one per step, average over the ranks to the large batch's loss.
+
 The loop's grader runs your function on 2 gloo ranks (on the CPU, so it grades the same on a
 laptop and a GPU node), counts DDP's all-reduces with a comm hook, and compares the weights after
 every optimizer step with one process that trains on the whole global batch.
 """
+import numbers
 from contextlib import nullcontext
 
 import torch
@@ -39,7 +46,8 @@ def check_grad_accum_steps_for(grad_accum_steps_for):
     for global_batch_size, batch_size, world_size, expected in ACCUM_CASES:
         call = f"grad_accum_steps_for({global_batch_size}, {batch_size}, {world_size})"
         got = grad_accum_steps_for(global_batch_size, batch_size, world_size)
-        expect(isinstance(got, int) and not isinstance(got, bool), call, "an int",
+        expect(isinstance(got, numbers.Integral) and not isinstance(got, bool), call,
+               "a whole number (an int)",
                f"{got!r} ({type(got).__name__})",
                "grad_accum_steps counts micro-batches: use // (integer division), not /")
         expect(got == expected, call, str(expected), str(got),

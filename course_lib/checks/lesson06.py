@@ -1,6 +1,14 @@
 """Graders for lesson 06, mixed precision: fp16's range, a correct AMP step, the scaler with
 gradient accumulation.
 
+- fp16 round trip: gradients scaled, cast to float16 and back, then unscaled, as a loss scale does.
+- AMP step: zero the gradients, forward under float16 autocast, scaled backward, unscale_, clip to
+  max_norm in true units, scaler.step, scaler.update; return the unscaled loss; a step whose
+  gradients overflow is skipped and halves the scale.
+- AMP with gradient accumulation: one optimizer step over several micro-batches, each loss divided
+  by their number; unscale_, clip, step and update once; the step after it starts from zero
+  gradients (the grader takes two steps in a row).
+
 Every grader runs on the CPU with float16 autocast and torch.amp.GradScaler("cpu"), which torch
 supports, so the grades are the same on a laptop and on a GPU node.
 """
@@ -225,20 +233,25 @@ def _micro_batches(X, y, n=4, size=16):
 
 @grader("AMP with gradient accumulation")
 def check_amp_accumulation_step(amp_accumulation_step):
-    model, optimizer, X, y = _setup()
-    reference, reference_optimizer, _, _ = _setup()
+    _, _, X, y = _setup()
     micro_batches = _micro_batches(X, y)
     fp32_loss, _ = _fp32_loss_and_grad_norm(X[:64], y[:64])
-    max_norm = 1e3  # no clipping here: clipping would hide a gradient of the wrong size
-    scaler, reference_scaler = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
-    loss = _as_float(amp_accumulation_step(model, optimizer, scaler, micro_batches, max_norm),
-                     "the returned loss")
-    reference_amp_accumulation_step(reference, reference_optimizer, reference_scaler,
-                                    micro_batches, max_norm)
+    model, reference, losses = _steps_side_by_side(amp_accumulation_step, [micro_batches])
+    loss = _as_float(losses[0], "the returned loss")
     expect_close(_weights(model), _weights(reference),
                  "the weights after one step over 4 micro-batches",
                  hint="backward every micro-batch (loss / len(micro_batches), scaled), then "
                       "unscale_, clip, step and update ONCE",
+                 rtol=1e-4, atol=1e-6)
+    # Two steps in a row, with a small scale (a large one would divide leftover gradients away):
+    # gradients left over from the first step must not leak into the second.
+    model, reference, _ = _steps_side_by_side(amp_accumulation_step,
+                                              [micro_batches, _micro_batches(X[64:], y[64:])],
+                                              init_scale=2.0)
+    expect_close(_weights(model), _weights(reference),
+                 "the weights after two steps in a row (scale 2.0)",
+                 hint="start every step from zero gradients: optimizer.zero_grad() before the "
+                      "first micro-batch (or after optimizer.step()), never between micro-batches",
                  rtol=1e-4, atol=1e-6)
     expect_close(loss, fp32_loss, "the returned loss (the mean over the 4 micro-batches)",
                  rtol=1e-2, hint="divide each micro-batch's loss by len(micro_batches) and add up")
@@ -248,7 +261,7 @@ def check_amp_accumulation_step(amp_accumulation_step):
     before = _weights(model)
     scaler = torch.amp.GradScaler("cpu")
     exploding = (micro_batches[-1][0] * 1e6, micro_batches[-1][1])
-    amp_accumulation_step(model, optimizer, scaler, micro_batches[:-1] + [exploding], max_norm)
+    amp_accumulation_step(model, optimizer, scaler, micro_batches[:-1] + [exploding], 1e3)
     expect(torch.equal(_weights(model), before),
            "the weights after a step whose last micro-batch overflowed",
            "unchanged (one inf anywhere skips the whole step)", "changed",
@@ -265,10 +278,25 @@ def _accumulation_steps_every_micro_batch(model, optimizer, scaler, micro_batche
     return total
 
 
-def _accumulation_variant(divide=True, zero_every_micro_batch=False):
+def _steps_side_by_side(amp_accumulation_step, steps, init_scale=65536.0):
+    """(model, reference model, returned losses): one step per list of micro-batches, each by the
+    answer and by the reference, from the same start. No clipping (max_norm 1e3): clipping would
+    hide a gradient of the wrong size."""
+    (model, optimizer, _, _), (reference, reference_optimizer, _, _) = _setup(), _setup()
+    scaler, reference_scaler = (torch.amp.GradScaler("cpu", init_scale=init_scale) for _ in range(2))
+    losses = []
+    for micro_batches in steps:
+        losses.append(amp_accumulation_step(model, optimizer, scaler, micro_batches, 1e3))
+        reference_amp_accumulation_step(reference, reference_optimizer, reference_scaler,
+                                        micro_batches, 1e3)
+    return model, reference, losses
+
+
+def _accumulation_variant(divide=True, zero_every_micro_batch=False, zero_grad=True):
     """reference_amp_accumulation_step with one mistake: a wrong answer."""
     def amp_accumulation_step(model, optimizer, scaler, micro_batches, max_norm):
-        optimizer.zero_grad(set_to_none=True)
+        if zero_grad:
+            optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for X, y in micro_batches:
             if zero_every_micro_batch:
@@ -311,5 +339,7 @@ WRONG_ANSWERS = {
                      _accumulation_variant(divide=False)),
         wrong_answer("zeroes the gradients before every micro-batch",
                      _accumulation_variant(zero_every_micro_batch=True)),
+        wrong_answer("never zeroes the gradients: the next step adds the last one's",
+                     _accumulation_variant(zero_grad=False)),
     ],
 }

@@ -1,6 +1,15 @@
 """Graders for lesson 07, checkpointing and resume: an atomic save that survives a crash, an exact
 resume on 2 ranks (compared with an uninterrupted run), and keeping the last N checkpoints.
 
+- atomic save: the state reaches `path` whole, through a temporary file next to it (same folder,
+  so the rename is atomic), flushed and fsynced, then renamed over `path`; a crash at any step
+  (half way through torch.save, at the fsync, at the rename) leaves the previous checkpoint whole.
+- resume exactly: a run on 2 ranks stopped after 3 steps, saved with your save_training_state
+  (rank 0 writes, the others wait until the file is there), rebuilt from scratch and loaded with
+  your load_training_state, then trained on, gives the uninterrupted run's losses and weights.
+- keep the last N: only the N `step_<number>.pt` files with the largest step numbers stay (by
+  number, not by name or modification time); other files are left alone.
+
 The resume grader runs your save and load functions on 2 gloo ranks; the others run in this process.
 """
 import contextlib
@@ -67,7 +76,8 @@ def crash_half_way_through_torch_save():
 
 @contextlib.contextmanager
 def record_file_calls():
-    """Record os.fsync, os.replace and os.rename calls, in order, as ("fsync", bytes on disk) etc."""
+    """Record os.fsync, os.replace and os.rename calls, in order: ("fsync", bytes on disk) and
+    ("replace", destination, source)."""
     calls, real = [], {name: getattr(os, name) for name in ("fsync", "replace", "rename")}
 
     def fsync(fd):
@@ -76,7 +86,7 @@ def record_file_calls():
 
     def renamer(name):
         def rename(source, destination, *args, **kwargs):
-            calls.append((name, os.fspath(destination)))
+            calls.append((name, os.fspath(destination), os.fspath(source)))
             return real[name](source, destination, *args, **kwargs)
         return rename
 
@@ -85,6 +95,29 @@ def record_file_calls():
         yield calls
     finally:
         os.fsync, os.replace, os.rename = real["fsync"], real["replace"], real["rename"]
+
+
+@contextlib.contextmanager
+def crash_at(*names):
+    """While active, calling os.<name> for any of `names` kills the process before it acts."""
+    real = {name: getattr(os, name) for name in names}
+
+    def dies(*args, **kwargs):
+        raise SimulatedCrash(f"the process died at os.{names[0]}")
+
+    for name in names:
+        setattr(os, name, dies)
+    try:
+        yield
+    finally:
+        for name, function in real.items():
+            setattr(os, name, function)
+
+
+CRASH_POINTS = [  # (where the process dies, the os functions that die there)
+    ("at the fsync", ("fsync",)),
+    ("at the rename", ("replace", "rename")),
+]
 
 
 def _state(version):
@@ -131,12 +164,17 @@ def check_atomic_save(atomic_save):
                else repr(loaded)[:100],
                "never write to path itself: write a temporary file, then rename it over path")
 
-        renames = [index for index, (name, _) in enumerate(calls) if name in ("replace", "rename")]
+        renames = [index for index, (name, *_) in enumerate(calls) if name in ("replace", "rename")]
         expect(bool(renames) and calls[renames[-1]][1] == os.fspath(path),
                "how the file reached path", "a rename of the temporary file onto path "
                "(os.replace)", "no rename onto path" if not renames else f"calls {calls}",
                "torch.save straight to path is what leaves a half-written file after a crash")
-        synced = [size for name, size in calls[: renames[-1]] if name == "fsync"]
+        source_folder = Path(calls[renames[-1]][2]).resolve().parent
+        expect(source_folder == path.resolve().parent, "the folder of the temporary file",
+               "path's own folder", str(source_folder),
+               "a rename is atomic only within one file system, and another folder may be on "
+               "another one (then os.replace fails): write the temporary file next to path")
+        synced = [call[1] for call in calls[: renames[-1]] if call[0] == "fsync"]
         final_size = path.stat().st_size
         expect(bool(synced), "os.fsync before the rename", "at least one fsync of the temporary "
                "file before it is renamed", "no fsync",
@@ -146,6 +184,18 @@ def check_atomic_save(atomic_save):
                f"all {final_size} bytes", f"{max(synced)} bytes",
                "call file.flush() before os.fsync: fsync only syncs what Python has handed to "
                "the operating system")
+
+        for where, names in CRASH_POINTS:
+            with crash_at(*names):
+                with contextlib.suppress(SimulatedCrash):
+                    atomic_save(second, path)
+            loaded = _load(path)
+            expect(_same_state(loaded, first), f"path after a crash {where} of the next save",
+                   "the previous checkpoint, whole and loadable",
+                   f"{type(loaded).__name__}: {str(loaded)[:80]}"
+                   if isinstance(loaded, Exception) else repr(loaded)[:100],
+                   "touch path only with the final os.replace(temporary, path): never remove or "
+                   "write it before, since the process can die at any line")
 
         atomic_save(second, path)  # a save after the crash must succeed, over any leftover
         expect(_same_state(_load(path), second), "path after the next, successful save",
@@ -168,6 +218,26 @@ def _never_renames(state, path):
         torch.save(state, file)
         file.flush()
         os.fsync(file.fileno())
+
+
+def _temporary_file_in_another_folder(state, path):
+    # in the system's temporary folder, not next to path
+    with tempfile.NamedTemporaryFile(delete=False, suffix=".pt") as file:
+        torch.save(state, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(file.name, path)
+
+
+def _removes_the_old_checkpoint_first(state, path):
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    with open(temporary, "wb") as file:
+        torch.save(state, file)
+        file.flush()
+        os.fsync(file.fileno())
+    if os.path.exists(path):
+        os.remove(path)  # "make room": a crash before the rename leaves no checkpoint at all
+    os.rename(temporary, path)
 
 
 def _atomic_save_stub(state, path):
@@ -512,6 +582,10 @@ WRONG_ANSWERS = {
         wrong_answer("torch.save straight to the path", _saves_directly),
         wrong_answer("temporary file and rename, but no fsync", _saves_without_fsync),
         wrong_answer("writes the temporary file but never renames it", _never_renames),
+        wrong_answer("temporary file in another folder (/tmp): the rename may cross file systems",
+                     _temporary_file_in_another_folder),
+        wrong_answer("removes the old checkpoint before renaming the new one over it",
+                     _removes_the_old_checkpoint_first),
         wrong_answer("the lesson's stub", _atomic_save_stub),
     ],
     check_resume: [

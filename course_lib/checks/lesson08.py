@@ -1,11 +1,19 @@
 """Lesson 08 graders: the pitfalls clinic's fixes, each launched on 2 ranks with a short timeout.
 
+- a collective on every rank: log_mean_loss returns the mean over all ranks on every rank, and
+  only rank 0 prints it (the printed number is that mean; stdout or stderr, as print allows).
+- the unused branch: three DDP steps with wrap_model train like one process on the global batch.
+- a new order every epoch: each epoch, the ranks together see every index once, in a new order.
+- rank 0 saves, everyone waits: only rank 0 calls torch.save, and every rank can load the file
+  as soon as save_checkpoint returns.
+
 A grader fails on the broken snippet (a hang, a crash, or a silently wrong result) and on the
 half-fixes in WRONG_ANSWERS; the reference fixes are in course_lib.topics.pitfalls.
 """
 import contextlib
 import io
 import os
+import re
 import tempfile
 import time
 
@@ -24,6 +32,7 @@ from ..training.models import make_model_with_unused_branch
 
 LAUNCH_TIMEOUT_S = 20   # a correct answer takes well under a second; past this, it hangs
 WORLD_SIZE = 2
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def _launch(fn, what: str, hint: str):
@@ -45,9 +54,13 @@ def _mean_loss_on_rank(log_mean_loss):
     rank = dist.get_rank()
     loss = torch.tensor(float(rank + 1), device=device_for_rank())
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         mean = log_mean_loss(loss)
     return float(mean), printed.getvalue()
+
+
+def _numbers_in(text: str) -> list:
+    return [float(number) for number in NUMBER.findall(text)]
 
 
 @grader("a collective on every rank")
@@ -60,6 +73,10 @@ def check_log_mean_loss(log_mean_loss):
                  hint="divide the all-reduced sum by the world size on every rank, not only on rank 0")
     expect(results[0][1].strip() != "", "rank 0's output", "one line with the mean loss",
            "nothing", "rank 0 still prints the mean")
+    expect(any(abs(number - expected) < 1e-3 for number in _numbers_in(results[0][1])),
+           "the number rank 0 prints", f"the mean over the ranks, {expected}",
+           repr(results[0][1].strip()[:80]),
+           "print the all-reduced mean, not rank 0's own loss nor the sum")
     expect_equal(results[1][1], "", "rank 1's output",
                  hint="print only where dist.get_rank() == 0")
 
@@ -84,6 +101,23 @@ def _reduces_to_rank0(loss):
     if dist.get_rank() == 0:
         print(f"mean loss {loss.item():.4f}")
     return loss
+
+
+def _prints_its_own_loss(loss):
+    mean = loss.clone()
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
+    if dist.get_rank() == 0:
+        print(f"mean loss {loss.item():.4f}")  # rank 0's own loss, not the mean
+    return mean
+
+
+def _prints_the_sum(loss):
+    total = loss.clone()
+    dist.all_reduce(total)
+    if dist.get_rank() == 0:
+        print(f"mean loss {total.item():.4f}")
+    return total / dist.get_world_size()
 
 
 # -- exercise 2: the model with an unused branch ------------------------------------------------
@@ -247,6 +281,8 @@ WRONG_ANSWERS = {
         wrong_answer("all_reduce everywhere, but every rank prints", _sums_and_prints_everywhere),
         wrong_answer("divides by world_size on rank 0 only", _divides_on_rank0_only),
         wrong_answer("dist.reduce to rank 0: other ranks get no mean", _reduces_to_rank0),
+        wrong_answer("returns the mean, but rank 0 prints its own loss", _prints_its_own_loss),
+        wrong_answer("returns the mean, but rank 0 prints the sum", _prints_the_sum),
     ],
     check_wrap_model: [
         wrong_answer("the broken snippet: plain DDP", pitfalls.wrap_model_broken),

@@ -1,10 +1,19 @@
 """Graders of lesson 09, scaling: speedup and efficiency from step times, Amdahl's law fitted to
 speedups, the predicted time of a gradient all-reduce, and a batch plan for a target global batch.
 
+- speedup and efficiency: {world_size: (speedup, efficiency)} for strong and weak scaling (pairs
+  as tuples or lists, any kind of number).
+- fit Amdahl's law: the serial fraction s, least squares over every world size.
+- predicted all-reduce time: a ring's 2 (N - 1) alpha + 2 (N - 1) / N x bytes x beta.
+- batch plan for a global batch: (batch_size, grad_accum_steps), whole numbers of any integer
+  type, that give exactly the global batch with the fewest micro-batches that fit; a ValueError
+  when the ranks cannot share it evenly.
+
 Measured times vary from run to run and machine to machine, so every grader calls the learner's
 function on fixed inputs, never on the lesson's measurements.
 """
 import math
+import numbers
 
 from ..topics.cost_model import naive_all_reduce_time, ring_all_reduce_time
 from . import expect, expect_close, grader, wrong_answer
@@ -182,7 +191,7 @@ def check_accumulation_plan(accumulation_plan):
         call = f"accumulation_plan({global_batch_size}, {max_batch_size}, {world_size})"
         got = accumulation_plan(global_batch_size, max_batch_size, world_size)
         expect(isinstance(got, (tuple, list)) and len(got) == 2
-               and all(isinstance(v, int) and not isinstance(v, bool) for v in got),
+               and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in got),
                call, "a pair of ints (batch_size, grad_accum_steps)", repr(got)[:120],
                "use // (integer division) for counts of samples and micro-batches")
         batch_size, grad_accum_steps = got

@@ -1,11 +1,19 @@
 """Graders for lesson 10, the input pipeline: the data-wait share from phase times, how many
 workers a loader needs, and a loader that hides the wait of a deliberately slow dataset.
 
+- data-wait share: the time in the 'data' phase over the time in all phases, a fraction.
+- number of workers: headroom x batch_size x read_seconds / step_seconds, rounded up to a whole
+  number (any integer type: Python's int or numpy's).
+- a loader that hides the data wait: a DataLoader over the lesson's SlowDataset with batch_size
+  32, shuffled, read_seconds untouched, the precomputed neighbour features, at least 3 workers,
+  and a measured data-wait share below 25%.
+
 The loader's grader first checks its configuration (no measurement needed), then measures the
 data-wait share against a fixed 20 ms stand-in for a GPU step (a sleep, so it grades the same on
 a busy laptop and on a GPU node), and shuts the loader's workers down.
 """
 import math
+import numbers
 import tempfile
 import warnings
 from pathlib import Path
@@ -77,7 +85,8 @@ def check_num_workers_for(num_workers_for):
                 + (f", headroom={headroom})" if extra else ")"))
         got = num_workers_for(batch_size, read_seconds, step_seconds, **extra)
         expected = reference_num_workers_for(batch_size, read_seconds, step_seconds, **extra)
-        expect(isinstance(got, int) and not isinstance(got, bool), call, "an int",
+        expect(isinstance(got, numbers.Integral) and not isinstance(got, bool), call,
+               "a whole number (an int)",
                f"{got!r} ({type(got).__name__})",
                "workers come whole: round up with math.ceil, which returns an int")
         expect(got == expected, call, str(expected), str(got),
@@ -161,6 +170,12 @@ def _check_configuration(loader):
            f"{STEP_SECONDS}))", str(loader.num_workers),
            "each worker needs 32 ms per batch and the step takes 20 ms: add workers, with "
            "headroom")
+    order = [index for batch in loader.batch_sampler for index in batch]
+    expect(sorted(order) == list(range(len(dataset))) and order != sorted(order),
+           "the order of the samples in one epoch", "every sample once, shuffled",
+           "in order" if order == sorted(order) else f"{len(order)} indices, some missing or "
+           "repeated", "keep shuffle=True: a model trained on samples in a fixed order learns "
+           "worse, and a faster loader must not change what it learns")
     enough = MEASURED_STEPS + WARMUP_STEPS
     expect(len(loader) >= enough, "the loader's number of batches", f"at least {enough}",
            str(len(loader)), "keep the whole dataset (2048 samples)")
@@ -205,6 +220,11 @@ def _free_reads():
                       batch_size=BATCH_SIZE, shuffle=True, num_workers=4)
 
 
+def _not_shuffled():
+    return DataLoader(SlowDataset(features_path=_features_file("right")), batch_size=BATCH_SIZE,
+                      num_workers=4)
+
+
 def _precomputed_raw_inputs():
     return DataLoader(SlowDataset(features_path=_features_file("raw")), batch_size=BATCH_SIZE,
                       shuffle=True, num_workers=4)
@@ -231,6 +251,7 @@ WRONG_ANSWERS = {
         wrong_answer("precomputed features, 2 workers (no headroom)", _precomputed_two_workers),
         wrong_answer("a smaller batch", _smaller_batch),
         wrong_answer("reads made free (read_seconds=0)", _free_reads),
+        wrong_answer("precomputed features and 4 workers, but not shuffled", _not_shuffled),
         wrong_answer("precomputed the raw inputs, not the neighbour features",
                      _precomputed_raw_inputs),
     ],

@@ -1,10 +1,19 @@
 """Graders for lesson 11, memory: bytes per parameter under each ZeRO stage, the smallest
 world_size for ZeRO-3 to fit, and which training recipes fit a large model on given GPUs.
 
+- bytes per parameter under ZeRO: the bytes each rank holds per parameter, for stages 0 to 3
+  (any kind of number: int, float, Fraction, numpy, a 0-dim tensor).
+- the smallest world_size for ZeRO-3: the fewest ranks whose shard of 16 bytes per parameter fits
+  next to the activations, a whole number (any integer type); a ValueError when nothing fits.
+- which recipes fit: the recipes of RECIPES that fit, in RECIPES' order (list or tuple).
+
 The references are course_lib.topics.memory's estimator, so the lesson and its graders count alike.
 """
 import math
+import numbers
 from collections import namedtuple
+
+import torch
 
 from . import GradingError, expect, expect_close, grader, wrong_answer
 from ..topics.memory import GiB, estimate_memory
@@ -35,9 +44,11 @@ def check_zero_bytes_per_parameter(zero_bytes_per_parameter):
     for stage, world_size in ZERO_CASES:
         call = f"zero_bytes_per_parameter(stage={stage}, world_size={world_size})"
         got = zero_bytes_per_parameter(stage, world_size)
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool), call, "a number",
+        is_number = (isinstance(got, numbers.Real)
+                     or (isinstance(got, torch.Tensor) and got.numel() == 1))
+        expect(is_number and not isinstance(got, bool), call, "a number",
                f"{got!r} ({type(got).__name__})", "return the bytes as a number")
-        expect_close(got, reference_zero_bytes_per_parameter(stage, world_size), call,
+        expect_close(float(got), reference_zero_bytes_per_parameter(stage, world_size), call,
                      rtol=1e-9, hint=_zero_hint(stage))
 
 
@@ -103,7 +114,8 @@ def check_smallest_world_size_for_zero3(smallest_world_size_for_zero3):
         got = smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes, activation_bytes)
         expected = reference_smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes,
                                                            activation_bytes)
-        expect(isinstance(got, int) and not isinstance(got, bool), call, "an int",
+        expect(isinstance(got, numbers.Integral) and not isinstance(got, bool), call,
+               "a whole number (an int)",
                f"{got!r} ({type(got).__name__})", "a number of ranks is whole: round up")
         expect(got == expected, call, str(expected), str(got),
                "each rank holds 16 bytes x n_parameters / world_size of model state plus its own "

@@ -1,5 +1,9 @@
 """Graders for lesson 12 (multi-node): global ranks from a node layout, ranks on uneven nodes,
-and the bus bandwidth of an all-reduce."""
+and the bus bandwidth of an all-reduce.
+
+- global rank: node_rank x nproc_per_node + local_rank.
+- ranks on uneven nodes: for each node, the list of its global ranks, numbered node after node.
+- bus bandwidth: the algorithm bandwidth (bytes / seconds) times 2 (N - 1) / N."""
 from . import expect, expect_close, expect_equal, grader, wrong_answer
 
 # (nnodes, nproc_per_node): nnodes != nproc_per_node in most, so swapping the two shows.

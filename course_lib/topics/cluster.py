@@ -123,8 +123,9 @@ def run_nodes(commands, timeout: float, cwd=None, env=None) -> list:
     group). No agent or worker survives; a timeout raises TimeoutError.
     """
     # Buffered output, as Python's default: print(..., flush=True) then writes its line in one go.
-    # Unbuffered (PYTHONUNBUFFERED), the text and its newline are two writes, and two ranks that
-    # print at the same moment share the pipe: "[node 1] RANK=3 ...[node 1] RANK=2 ..." on one line.
+    # Unbuffered, the text and its newline are two writes, and two processes that print at the
+    # same moment share the pipe: "a ...b ..." on one line. (torchrun starts its workers with
+    # `python -u` whatever we set: scripts it runs print each line as one string, see lesson 12.)
     inherited = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
     env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
     processes = []

@@ -1,0 +1,934 @@
+"""Every grader accepts correct answers written differently from the reference solution.
+
+A grader stricter than its exercise's text teaches the learner that the right idea is wrong. For
+each grader this file holds at least two correct answers that use other APIs, other algorithms or
+other types than the solution notebook; each must pass. The wrong answers live in each grader
+module's WRONG_ANSWERS (tests/test_checks.py rejects them, at least three per grader).
+"""
+import bisect
+import importlib
+import itertools
+import math
+import os
+import pkgutil
+import re
+import statistics
+import sys
+import tempfile
+from contextlib import ExitStack
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+import course_lib.checks as checks
+from course_lib.checks import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, \
+    lesson06, lesson07, lesson08, lesson09, lesson10, lesson11, lesson12, passed_line
+from course_lib.topics.collectives import ring_chunks
+from course_lib.training.checkpoint import write_atomically
+from course_lib.training.dp import gather, parallel_apply, replicate, scatter
+
+pytestmark = pytest.mark.timeout(300)
+
+MIN_ALTERNATIVES = 2
+
+
+def answer(description, *args, **kwargs):
+    """A correct answer, as the arguments its grader is called with."""
+    return pytest.param(args, kwargs, id=description)
+
+
+# -- lesson 00 ----------------------------------------------------------------------------------
+
+def whoami_from_the_environment_as_ints():
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def whoami_as_a_list_of_numpy_ints():
+    return [np.int64(dist.get_rank()), np.int64(dist.get_world_size())]
+
+
+# -- lesson 01 ----------------------------------------------------------------------------------
+
+def throughput_with_numpy(step_seconds, batch_size, warmup_steps):
+    return batch_size / np.median(np.array(step_seconds[warmup_steps:]))
+
+
+def throughput_with_a_sorted_middle(step_seconds, batch_size, warmup_steps):
+    kept = sorted(step_seconds[warmup_steps:])
+    middle = len(kept) // 2
+    median = kept[middle] if len(kept) % 2 else (kept[middle - 1] + kept[middle]) / 2
+    return float(batch_size) / median
+
+
+def global_batch_size_by_math_prod(batch_size, grad_accum_steps, world_size):
+    return math.prod([batch_size, grad_accum_steps, world_size])
+
+
+def global_batch_size_as_numpy(batch_size, grad_accum_steps, world_size):
+    return np.int64(batch_size) * grad_accum_steps * world_size
+
+
+# -- lesson 02 ----------------------------------------------------------------------------------
+
+def scatter_with_split_sizes(inputs, devices):
+    """torch.split with chunk's size, ceil(rows / devices); containers by explicit loops."""
+    if isinstance(inputs, torch.Tensor):
+        size = math.ceil(len(inputs) / len(devices))
+        return [part.to(device) for part, device in zip(inputs.split(size), devices)]
+    if isinstance(inputs, dict):
+        scattered = {key: scatter_with_split_sizes(value, devices) for key, value in inputs.items()}
+        replicas = min(map(len, scattered.values()))
+        return [dict((key, parts[i]) for key, parts in scattered.items()) for i in range(replicas)]
+    if isinstance(inputs, (list, tuple)):
+        scattered = [scatter_with_split_sizes(item, devices) for item in inputs]
+        replicas = min(map(len, scattered))
+        return [type(inputs)(parts[i] for parts in scattered) for i in range(replicas)]
+    return [inputs] * len(devices)
+
+
+def scatter_with_narrow(inputs, devices):
+    """Row ranges with tensor.narrow; tuples and lists rebuilt with map."""
+    if isinstance(inputs, torch.Tensor):
+        rows, step = inputs.shape[0], -(-inputs.shape[0] // len(devices))
+        starts = range(0, rows, step)
+        return [inputs.narrow(0, start, min(step, rows - start)).to(device)
+                for start, device in zip(starts, devices)]
+    if isinstance(inputs, dict):
+        keys = list(inputs)
+        columns = zip(*(scatter_with_narrow(inputs[key], devices) for key in keys))
+        return [dict(zip(keys, column)) for column in columns]
+    if isinstance(inputs, tuple):
+        return list(map(tuple, zip(*(scatter_with_narrow(item, devices) for item in inputs))))
+    if isinstance(inputs, list):
+        return list(map(list, zip(*(scatter_with_narrow(item, devices) for item in inputs))))
+    return [inputs for _ in devices]
+
+
+def gather_into_a_preallocated_tensor(outputs, output_device):
+    if isinstance(outputs[0], tuple):
+        return tuple(gather_into_a_preallocated_tensor(list(parts), output_device)
+                     for parts in zip(*outputs))
+    rows = sum(output.shape[0] for output in outputs)
+    result = torch.empty((rows, *outputs[0].shape[1:]), dtype=outputs[0].dtype,
+                         device=output_device)
+    start = 0
+    for output in outputs:
+        result[start:start + len(output)] = output.to(output_device)
+        start += len(output)
+    return result
+
+
+def gather_by_pairwise_concatenation(outputs, output_device):
+    if isinstance(outputs[0], tuple):
+        return tuple(map(lambda parts: gather_by_pairwise_concatenation(list(parts), output_device),
+                         zip(*outputs)))
+    result = outputs[0].to(output_device)
+    for output in outputs[1:]:
+        result = torch.cat((result, output.to(output_device)))
+    return result
+
+
+def gradients_from_a_summed_loss(model, X, y, devices):
+    """Sum of per-replica summed losses, divided by the whole batch: the same mean."""
+    for parameter in model.parameters():
+        parameter.grad = None
+    chunks, labels = scatter(X, devices), scatter(y, devices)
+    used = devices[:len(chunks)]
+    outputs = parallel_apply(replicate(model, used), chunks, used)
+    loss = sum(F.cross_entropy(output, label, reduction="sum")
+               for output, label in zip(outputs, labels)) / len(X)
+    loss.backward()
+    return [parameter.grad for parameter in model.parameters()]
+
+
+def gradients_with_autograd_grad(model, X, y, devices):
+    chunks = scatter(X, devices)
+    used = devices[:len(chunks)]
+    logits = gather(parallel_apply(replicate(model, used), chunks, used), devices[0])
+    loss = F.nll_loss(F.log_softmax(logits, dim=1), y)
+    return list(torch.autograd.grad(loss, list(model.parameters())))
+
+
+# -- lesson 03 ----------------------------------------------------------------------------------
+
+def ring_with_isend_irecv(tensor):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    chunks = ring_chunks(tensor, world_size)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+
+    def exchange(outgoing, incoming):
+        requests = [dist.isend(outgoing.contiguous(), right), dist.irecv(incoming, left)]
+        for request in requests:
+            request.wait()
+
+    for step in range(world_size - 1):
+        incoming = torch.empty_like(chunks[(rank - step - 1) % world_size])
+        exchange(chunks[(rank - step) % world_size], incoming)
+        chunks[(rank - step - 1) % world_size].add_(incoming)
+    for step in range(world_size - 1):
+        incoming = torch.empty_like(chunks[(rank - step) % world_size])
+        exchange(chunks[(rank - step + 1) % world_size], incoming)
+        chunks[(rank - step) % world_size].copy_(incoming)
+    return tensor
+
+
+def ring_with_batched_p2p_ops(tensor):
+    """Even and odd ranks in one batch_isend_irecv per step; the chunk index owned after the
+    reduce-scatter is (rank + 1) % world_size."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    chunks = ring_chunks(tensor, world_size)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    for phase in ("reduce", "gather"):
+        for step in range(world_size - 1):
+            shift = 0 if phase == "reduce" else 1
+            send_index, receive_index = (rank - step + shift) % world_size, \
+                (rank - step - 1 + shift) % world_size
+            incoming = torch.empty_like(chunks[receive_index])
+            operations = [dist.P2POp(dist.isend, chunks[send_index].contiguous(), right),
+                          dist.P2POp(dist.irecv, incoming, left)]
+            for request in dist.batch_isend_irecv(operations):
+                request.wait()
+            if phase == "reduce":
+                chunks[receive_index] += incoming
+            else:
+                chunks[receive_index][:] = incoming
+    return tensor
+
+
+def fit_with_plain_least_squares(sizes_bytes, seconds, world_size):
+    n = len(sizes_bytes)
+    mean_x, mean_y = sum(sizes_bytes) / n, sum(seconds) / n
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes_bytes, seconds))
+             / sum((x - mean_x) ** 2 for x in sizes_bytes))
+    intercept = mean_y - slope * mean_x
+    steps = 2 * (world_size - 1)
+    return [intercept / steps, slope * world_size / steps]
+
+
+def fit_with_torch_lstsq(sizes_bytes, seconds, world_size):
+    sizes = torch.tensor(sizes_bytes, dtype=torch.float64)
+    A = torch.stack([torch.full_like(sizes, 2 * (world_size - 1)),
+                     2 * (world_size - 1) / world_size * sizes], dim=1)
+    solution = torch.linalg.lstsq(A, torch.tensor(seconds, dtype=torch.float64)[:, None]).solution
+    return solution[0, 0], solution[1, 0]  # 0-dim tensors, not floats
+
+
+# -- lesson 04 ----------------------------------------------------------------------------------
+
+def broadcast_one_flat_vector(model):
+    vector = parameters_to_vector(model.parameters()).detach()
+    dist.broadcast(vector, src=0)
+    with torch.no_grad():
+        vector_to_parameters(vector, model.parameters())
+
+
+def broadcast_the_state_dict_as_objects(model):
+    state = [model.state_dict() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(state, src=0)
+    model.load_state_dict(state[0])
+
+
+def train_step_with_one_flat_all_reduce(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    grads = [parameter.grad for parameter in model.parameters()]
+    flat = torch.cat([grad.flatten() for grad in grads]) / dist.get_world_size()
+    dist.all_reduce(flat)
+    start = 0
+    for grad in grads:
+        grad.copy_(flat[start:start + grad.numel()].view_as(grad))
+        start += grad.numel()
+    optimizer.step()
+    return loss.item()
+
+
+def train_step_with_all_gather(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    for parameter in model.parameters():
+        everyone = [torch.empty_like(parameter.grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, parameter.grad)
+        parameter.grad = torch.stack(everyone).mean(dim=0)
+    optimizer.step()
+    return float(loss)
+
+
+def indices_from_distributed_sampler(n_samples, world_size, rank, epoch, seed=0):
+    sampler = DistributedSampler(range(n_samples), num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def indices_with_a_cycle(n_samples, world_size, rank, epoch, seed=0):
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    order = torch.randperm(n_samples, generator=generator)
+    total = math.ceil(n_samples / world_size) * world_size
+    padded = torch.tensor(list(itertools.islice(itertools.cycle(order.tolist()), total)))
+    return padded.view(-1, world_size)[:, rank]  # a tensor, not a list
+
+
+# -- lesson 05 ----------------------------------------------------------------------------------
+
+def grad_accum_steps_with_divmod(global_batch_size, batch_size, world_size):
+    steps, remainder = divmod(global_batch_size, batch_size * world_size)
+    if remainder or steps == 0:
+        raise ValueError(f"{global_batch_size} is not a whole number of micro-batches")
+    return np.int64(steps)
+
+
+def grad_accum_steps_with_fractions(global_batch_size, batch_size, world_size):
+    steps = Fraction(global_batch_size, batch_size * world_size)
+    if steps.denominator != 1 or steps < 1:
+        raise ValueError("the global batch must be a multiple of batch_size * world_size")
+    return steps.numerator
+
+
+def accumulation_grouped_with_exit_stack(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    losses = []
+    groups = zip(*[iter(micro_batches)] * grad_accum_steps)
+    for group in groups:
+        optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros(())
+        for index, (X, y) in enumerate(group):
+            with ExitStack() as stack:
+                if index < grad_accum_steps - 1:
+                    stack.enter_context(ddp_model.no_sync())
+                loss = F.cross_entropy(ddp_model(X), y).div(grad_accum_steps)
+                loss.backward()
+            total += loss.detach()
+        optimizer.step()
+        losses.append(total)  # 0-dim tensors: float() of each gives the number
+    return losses
+
+
+def accumulation_by_mean_of_losses(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    losses, pending = [], []
+    for X, y in micro_batches:
+        pending.append((X, y))
+        if len(pending) < grad_accum_steps:
+            continue
+        values = []
+        with ddp_model.no_sync():
+            for X_micro, y_micro in pending[:-1]:
+                loss = F.cross_entropy(ddp_model(X_micro), y_micro)
+                (loss * (1 / grad_accum_steps)).backward()
+                values.append(loss.item())
+        loss = F.cross_entropy(ddp_model(pending[-1][0]), pending[-1][1])
+        (loss * (1 / grad_accum_steps)).backward()
+        values.append(loss.item())
+        optimizer.step()
+        for parameter in ddp_model.parameters():
+            parameter.grad = None
+        losses.append(statistics.fmean(values))
+        pending = []
+    return losses
+
+
+# -- lesson 06 ----------------------------------------------------------------------------------
+
+def round_trip_with_half_and_float(grads, scale):
+    return grads.mul(scale).half().float().div(scale)
+
+
+def round_trip_through_numpy(grads, scale):
+    with np.errstate(over="ignore"):  # large values overflow to inf, as in the cast to fp16
+        scaled = (grads.numpy() * np.float32(scale)).astype(np.float16)
+    return torch.from_numpy(scaled.astype(np.float32) / np.float32(scale))
+
+
+def amp_step_with_amp_autocast(model, optimizer, scaler, X, y, max_norm):
+    for parameter in model.parameters():
+        parameter.grad = None
+    with torch.amp.autocast("cpu", dtype=torch.float16):
+        logits = model(X)
+        loss = F.cross_entropy(logits, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(parameters, max_norm=max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return float(loss.detach())
+
+
+def amp_step_zeroing_after_the_step(model, optimizer, scaler, X, y, max_norm):
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(X), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    model.zero_grad()  # ready for the next step
+    return loss.detach()  # a 0-dim tensor
+
+
+def amp_accumulation_zeroing_at_the_end(model, optimizer, scaler, micro_batches, max_norm):
+    losses = []
+    for X, y in micro_batches:
+        with torch.autocast(device_type=X.device.type, dtype=torch.float16):
+            loss = F.cross_entropy(model(X), y)
+        scaler.scale(loss / len(micro_batches)).backward()
+        losses.append(loss.detach().float())
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+    return torch.stack(losses).mean().item()
+
+
+def amp_accumulation_weighted_by_samples(model, optimizer, scaler, micro_batches, max_norm):
+    model.zero_grad(set_to_none=True)
+    samples = sum(len(X) for X, _ in micro_batches)
+    total = 0.0
+    for X, y in micro_batches:
+        with torch.autocast(device_type=X.device.type, dtype=torch.float16):
+            loss = F.cross_entropy(model(X), y, reduction="sum") / samples
+        scaler.scale(loss).backward()
+        total += loss.item()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return total
+
+
+# -- lesson 07 ----------------------------------------------------------------------------------
+
+def atomic_save_with_named_temporary_file(state, path):
+    path = Path(path)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".saving-", delete=False) as file:
+        torch.save(state, file)
+        file.flush()
+        os.fsync(file.fileno())
+    Path(file.name).replace(path)
+
+
+def atomic_save_by_name_then_fsync(state, path):
+    temporary = f"{path}.partial"
+    torch.save(state, temporary)
+    descriptor = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.rename(temporary, path)
+
+
+def save_with_all_gather_of_rng_tensors(path, ddp_model, optimizer, step):
+    mine = torch.get_rng_state()
+    states = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(states, mine)
+    if dist.get_rank() == 0:
+        state = {"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                 "step": step, "rng": torch.stack(states)}
+        lesson07.reference_atomic_save(state, path)
+    dist.barrier()
+
+
+def load_rng_from_a_stacked_tensor(path, model, optimizer):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.random.set_rng_state(state["rng"][dist.get_rank()].clone())
+    return state["step"]
+
+
+def save_with_gather_object_to_rank0(path, ddp_model, optimizer, step):
+    rank = dist.get_rank()
+    states = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(torch.get_rng_state(), states, dst=0)
+    if rank == 0:
+        write_atomically({"weights": ddp_model.module.state_dict(), "optim": optimizer.state_dict(),
+                          "step": step, "rng_per_rank": {str(r): s for r, s in enumerate(states)}},
+                         path)
+    dist.all_reduce(torch.zeros(1))  # a barrier of our own: every rank waits for rank 0's save
+
+
+def load_rng_from_a_dict(path, model, optimizer):
+    state = torch.load(path, map_location=torch.device("cpu"), weights_only=True)
+    model.load_state_dict(state["weights"], strict=True)
+    optimizer.load_state_dict(state["optim"])
+    torch.set_rng_state(state["rng_per_rank"][str(dist.get_rank())])
+    return int(state["step"])
+
+
+def prune_with_glob_and_regex(directory, keep_last):
+    numbered = []
+    for path in Path(directory).glob("step_*.pt"):
+        match = re.fullmatch(r"step_(\d+)\.pt", path.name)
+        if match:
+            numbered.append((int(match.group(1)), path))
+    numbered.sort()
+    for _, path in numbered[:-keep_last] if keep_last else numbered:
+        path.unlink()
+
+
+def prune_with_listdir_and_remove(directory, keep_last):
+    def step_of(name):
+        if name.startswith("step_") and name.endswith(".pt") and name[5:-3].isdigit():
+            return int(name[5:-3])
+        return None
+
+    names = [name for name in os.listdir(directory) if step_of(name) is not None]
+    newest_first = sorted(names, key=step_of, reverse=True)
+    for name in newest_first[keep_last:]:
+        os.remove(os.path.join(directory, name))
+
+
+# -- lesson 08 ----------------------------------------------------------------------------------
+
+def mean_loss_with_all_gather_printed_to_stderr(loss):
+    everyone = [torch.zeros_like(loss) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, loss.detach())
+    mean = torch.stack(everyone).mean()
+    if dist.get_rank() == 0:
+        print(f"[step] loss averaged over ranks: {mean.item():.6f}", file=sys.stderr)
+    return mean
+
+
+def mean_loss_printing_the_tensor(loss):
+    total = loss.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    mean = total / dist.get_world_size()
+    if not dist.get_rank():
+        print(mean)
+    return mean.item()
+
+
+def wrap_with_static_graph(model):
+    return DDP(model, static_graph=True)
+
+
+def wrap_after_freezing_the_unused_branch(model):
+    model.unused_head.requires_grad_(False)  # DDP only waits for parameters that need a gradient
+    return DDP(model)
+
+
+def indices_with_a_new_sampler_each_epoch(dataset, epochs=3, batch_size=4):
+    seen = []
+    for epoch in range(epochs):
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+        sampler.set_epoch(epoch)
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+        seen.append([index for (batch,) in loader for index in batch.tolist()])
+    return seen
+
+
+def indices_straight_from_the_sampler(dataset, epochs=3, batch_size=4):
+    sampler = DistributedSampler(dataset, num_replicas=dist.get_world_size(),
+                                 rank=dist.get_rank(), shuffle=True, seed=0)
+    orders = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        orders.append([int(dataset[index][0]) for index in sampler])
+    return orders
+
+
+def save_then_monitored_barrier(model, path):
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), path)
+    dist.monitored_barrier()
+
+
+def save_then_broadcast_a_flag(model, path):
+    done = torch.zeros(1)
+    if dist.get_rank() == 0:
+        torch.save({name: tensor.cpu() for name, tensor in model.state_dict().items()}, path)
+        done += 1
+    dist.broadcast(done, src=0)  # the others block here until rank 0 has saved
+
+
+# -- lesson 09 ----------------------------------------------------------------------------------
+
+def speedup_with_lists(step_seconds, scaling):
+    baseline = step_seconds[1]
+    result = {}
+    for world_size in sorted(step_seconds):
+        speedup = baseline / step_seconds[world_size]
+        if scaling == "weak":
+            speedup *= world_size
+        result[world_size] = [speedup, speedup / world_size]
+    return result
+
+
+def speedup_from_throughputs(step_seconds, scaling):
+    def throughput(world_size):  # samples per second, with 1 rank's step as the unit of work
+        work = world_size if scaling == "weak" else 1
+        return np.float64(work) / step_seconds[world_size]
+    return {n: (throughput(n) / throughput(1), throughput(n) / throughput(1) / n)
+            for n in step_seconds}
+
+
+def amdahl_with_numpy_lstsq(world_sizes, speedups):
+    n, s = np.asarray(world_sizes, dtype=float), np.asarray(speedups, dtype=float)
+    x, y = (1 - 1 / n)[:, None], 1 / s - 1 / n
+    return np.linalg.lstsq(x, y, rcond=None)[0][0]  # a numpy float
+
+
+def amdahl_with_torch(world_sizes, speedups):
+    n = torch.tensor(world_sizes, dtype=torch.float64)
+    x, y = 1 - 1 / n, 1 / torch.tensor(speedups, dtype=torch.float64) - 1 / n
+    return torch.dot(x, y) / torch.dot(x, x)  # a 0-dim tensor
+
+
+def all_reduce_seconds_from_the_cost_model(n_parameters, world_size, alpha, beta,
+                                           bytes_per_parameter=4):
+    from course_lib.topics.cost_model import ring_all_reduce_time
+
+    return ring_all_reduce_time(n_parameters * bytes_per_parameter, world_size, alpha, beta)
+
+
+def all_reduce_seconds_per_step(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
+    steps = 2 * (world_size - 1)
+    chunk_bytes = n_parameters * bytes_per_parameter / world_size
+    return np.float64(steps * (alpha + chunk_bytes * beta))
+
+
+def plan_by_decreasing_batch(global_batch_size, max_batch_size, world_size):
+    per_rank, remainder = divmod(global_batch_size, world_size)
+    if remainder:
+        raise ValueError("the global batch does not split evenly over the ranks")
+    for batch_size in range(min(max_batch_size, per_rank), 0, -1):
+        if per_rank % batch_size == 0:
+            return [batch_size, per_rank // batch_size]
+
+
+def plan_from_divisors(global_batch_size, max_batch_size, world_size):
+    if global_batch_size % world_size != 0:
+        raise ValueError(f"{global_batch_size} does not divide by {world_size}")
+    per_rank = global_batch_size // world_size
+    steps = next(k for k in itertools.count(math.ceil(per_rank / max_batch_size))
+                 if per_rank % k == 0)
+    return np.int64(per_rank // steps), np.int64(steps)
+
+
+# -- lesson 10 ----------------------------------------------------------------------------------
+
+def data_share_with_a_loop(phase_times):
+    total = 0.0
+    for seconds in phase_times.values():
+        total += seconds
+    return phase_times.get("data", 0.0) / total
+
+
+def data_share_with_fsum(phase_times):
+    return np.float64(phase_times["data"]) / math.fsum(phase_times.values())
+
+
+def workers_as_a_numpy_integer(batch_size, read_seconds, step_seconds, headroom=1.5):
+    return np.ceil(headroom * batch_size * read_seconds / step_seconds).astype(np.int64)
+
+
+def workers_with_floor_division(batch_size, read_seconds, step_seconds, headroom=1.5):
+    needed = headroom * batch_size * read_seconds / step_seconds
+    return int(-(-needed // 1))
+
+
+def loader_with_an_explicit_random_sampler():
+    from course_lib.topics.pipeline import SlowDataset
+
+    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    return DataLoader(dataset, batch_size=32, sampler=RandomSampler(dataset), num_workers=4,
+                      prefetch_factor=4, persistent_workers=True)
+
+
+def loader_with_more_workers_and_a_generator():
+    from course_lib.topics.pipeline import SlowDataset
+
+    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    return DataLoader(dataset, batch_size=32, shuffle=True, num_workers=6,
+                      generator=torch.Generator().manual_seed(1))
+
+
+# -- lesson 11 ----------------------------------------------------------------------------------
+
+def zero_bytes_with_branches(stage, world_size):
+    if stage == 0:
+        return 16.0
+    if stage == 1:
+        return 4 + 12 / world_size
+    if stage == 2:
+        return 2 + 14 / world_size
+    return 16 / world_size
+
+
+def zero_bytes_from_what_is_sharded(stage, world_size):
+    parts = {"weights": (2, 3), "gradients": (2, 2), "optimizer state": (12, 1)}
+    return sum(Fraction(size, world_size) if stage >= sharded_from else size
+               for size, sharded_from in parts.values())  # a Fraction
+
+
+def world_size_by_bisection(n_parameters, gpu_memory_bytes, activation_bytes):
+    room = gpu_memory_bytes - activation_bytes
+    if room <= 0:
+        raise ValueError("the activations leave no room")
+    fits = [16 * math.ceil(n_parameters / world_size) <= room
+            for world_size in range(1, 16 * n_parameters // room + 3)]
+    return np.int64(bisect.bisect_left(fits, True) + 1)
+
+
+def world_size_from_a_ceiling(n_parameters, gpu_memory_bytes, activation_bytes):
+    room = gpu_memory_bytes - activation_bytes
+    if room <= 0:
+        raise ValueError("no memory left for the model")
+    world_size = max(1, math.ceil(16 * n_parameters / room))
+    while 16 * math.ceil(n_parameters / world_size) > room:
+        world_size += 1
+    return world_size
+
+
+def recipes_with_filter(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
+    from course_lib.topics.memory import estimate_memory
+
+    def fits(recipe):
+        estimate = estimate_memory(n_parameters, recipe.optimizer, recipe.precision,
+                                   recipe.strategy, world_size, activation_bytes)
+        return estimate.total <= gpu_memory_bytes
+
+    return list(filter(fits, lesson11.RECIPES))
+
+
+def recipes_as_a_tuple_of_plain_tuples(n_parameters, gpu_memory_bytes, world_size,
+                                       activation_bytes):
+    from course_lib.topics.memory import estimate_memory
+
+    kept = []
+    for optimizer, precision, strategy in ((r.optimizer, r.precision, r.strategy)
+                                           for r in lesson11.RECIPES):
+        if estimate_memory(n_parameters, optimizer, precision, strategy, world_size,
+                           activation_bytes).fits(gpu_memory_bytes):
+            kept.append(tuple(lesson11.Recipe(optimizer=optimizer, precision=precision,
+                                              strategy=strategy)))
+    return tuple(kept)
+
+
+# -- lesson 12 ----------------------------------------------------------------------------------
+
+def global_rank_by_counting(node_rank, local_rank, nproc_per_node):
+    return sum(nproc_per_node for _ in range(node_rank)) + local_rank
+
+
+def global_rank_as_numpy(node_rank, local_rank, nproc_per_node):
+    return np.ravel_multi_index((node_rank, local_rank), (node_rank + 1, nproc_per_node))
+
+
+def ranks_with_accumulate(nproc_per_node):
+    ends = list(itertools.accumulate(nproc_per_node))
+    return [list(range(end - count, end)) for count, end in zip(nproc_per_node, ends)]
+
+
+def ranks_from_one_counter(nproc_per_node):
+    counter = itertools.count()
+    return [[next(counter) for _ in range(count)] for count in nproc_per_node]
+
+
+def bus_bandwidth_in_one_line(nbytes, seconds, world_size):
+    return 2 * nbytes * (world_size - 1) / (world_size * seconds)
+
+
+def bus_bandwidth_from_the_cost_model(nbytes, seconds, world_size):
+    from course_lib.topics.cost_model import algorithm_bandwidth
+
+    return np.float64(algorithm_bandwidth(nbytes, seconds)) * (2 - 2 / world_size)
+
+
+ALTERNATIVES = {
+    lesson00.check_whoami: [
+        answer("environment strings made ints", whoami_from_the_environment_as_ints),
+        answer("a list of numpy ints", whoami_as_a_list_of_numpy_ints),
+    ],
+    lesson00.check_where_output_goes: [
+        answer("tuples", ("[rank0] rank 0 has total 1",), (1, 2), 0),
+        answer("numpy results, a float total", ["[rank0] rank 0 has total 1"], np.array([1, 2]),
+               0.0),
+    ],
+    lesson01.check_throughput: [
+        answer("numpy's median", throughput_with_numpy),
+        answer("a median by hand", throughput_with_a_sorted_middle),
+    ],
+    lesson01.check_global_batch_size: [
+        answer("math.prod", global_batch_size_by_math_prod),
+        answer("a numpy integer", global_batch_size_as_numpy),
+    ],
+    lesson02.check_scatter_batch: [
+        answer("torch.split with ceil sizes", scatter_with_split_sizes),
+        answer("tensor.narrow and map", scatter_with_narrow),
+    ],
+    lesson02.check_gather_outputs: [
+        answer("copies into a preallocated tensor", gather_into_a_preallocated_tensor),
+        answer("concatenates pairwise", gather_by_pairwise_concatenation),
+    ],
+    lesson02.check_data_parallel_gradients: [
+        answer("summed per-replica losses over the batch size", gradients_from_a_summed_loss),
+        answer("torch.autograd.grad with nll_loss", gradients_with_autograd_grad),
+    ],
+    lesson03.check_collective_puzzle: [
+        answer("a tuple", (63, 66, 69)),
+        answer("numpy floats", np.array([63.0, 66.0, 69.0])),
+    ],
+    lesson03.check_ring_all_reduce: [
+        answer("dist.isend/irecv", ring_with_isend_irecv),
+        answer("batch_isend_irecv", ring_with_batched_p2p_ops),
+    ],
+    lesson03.check_fit_ring_alpha_beta: [
+        answer("least squares by hand, a list", fit_with_plain_least_squares),
+        answer("torch.linalg.lstsq on the ring's model, tensors", fit_with_torch_lstsq),
+    ],
+    lesson04.check_broadcast_parameters: [
+        answer("one flat vector", broadcast_one_flat_vector),
+        answer("broadcast_object_list of the state_dict", broadcast_the_state_dict_as_objects),
+    ],
+    lesson04.check_train_step_by_hand: [
+        answer("one flat all-reduce, divided first", train_step_with_one_flat_all_reduce),
+        answer("all_gather and mean", train_step_with_all_gather),
+    ],
+    lesson04.check_indices_for_rank: [
+        answer("DistributedSampler itself", indices_from_distributed_sampler),
+        answer("itertools.cycle padding, a tensor", indices_with_a_cycle),
+    ],
+    lesson05.check_grad_accum_steps_for: [
+        answer("divmod, a numpy integer", grad_accum_steps_with_divmod),
+        answer("fractions.Fraction", grad_accum_steps_with_fractions),
+    ],
+    lesson05.check_train_with_accumulation: [
+        answer("groups with an ExitStack, tensor losses", accumulation_grouped_with_exit_stack),
+        answer("buffers a group, mean of undivided losses", accumulation_by_mean_of_losses),
+    ],
+    lesson06.check_fp16_round_trip: [
+        answer(".half() and .float()", round_trip_with_half_and_float),
+        answer("through numpy", round_trip_through_numpy),
+    ],
+    lesson06.check_amp_step: [
+        answer("torch.amp.autocast, grads set to None by hand", amp_step_with_amp_autocast),
+        answer("zeroes after the step, returns a tensor", amp_step_zeroing_after_the_step),
+    ],
+    lesson06.check_amp_accumulation_step: [
+        answer("zeroes at the end, mean of losses", amp_accumulation_zeroing_at_the_end),
+        answer("summed losses over all samples", amp_accumulation_weighted_by_samples),
+    ],
+    lesson07.check_atomic_save: [
+        answer("NamedTemporaryFile in the folder, Path.replace",
+               atomic_save_with_named_temporary_file),
+        answer("torch.save by name, fsync a descriptor, os.rename",
+               atomic_save_by_name_then_fsync),
+    ],
+    lesson07.check_resume: [
+        answer("all_gather of RNG tensors, one stacked tensor", save_with_all_gather_of_rng_tensors,
+               load_rng_from_a_stacked_tensor),
+        answer("gather_object to rank 0, other keys, all_reduce as barrier",
+               save_with_gather_object_to_rank0, load_rng_from_a_dict),
+    ],
+    lesson07.check_prune_checkpoints: [
+        answer("glob and a regex", prune_with_glob_and_regex),
+        answer("listdir, newest first, os.remove", prune_with_listdir_and_remove),
+    ],
+    lesson08.check_log_mean_loss: [
+        answer("all_gather, printed to stderr", mean_loss_with_all_gather_printed_to_stderr),
+        answer("prints the tensor, returns a float", mean_loss_printing_the_tensor),
+    ],
+    lesson08.check_wrap_model: [
+        answer("static_graph=True", wrap_with_static_graph),
+        answer("freezes the unused branch before wrapping", wrap_after_freezing_the_unused_branch),
+    ],
+    lesson08.check_indices_per_epoch: [
+        answer("a new sampler each epoch, set_epoch", indices_with_a_new_sampler_each_epoch),
+        answer("iterates the sampler, no loader", indices_straight_from_the_sampler),
+    ],
+    lesson08.check_save_checkpoint: [
+        answer("monitored_barrier", save_then_monitored_barrier),
+        answer("a broadcast as the barrier", save_then_broadcast_a_flag),
+    ],
+    lesson09.check_speedup_and_efficiency: [
+        answer("lists, not tuples", speedup_with_lists),
+        answer("from throughputs, numpy floats", speedup_from_throughputs),
+    ],
+    lesson09.check_fit_amdahl: [
+        answer("numpy lstsq without intercept", amdahl_with_numpy_lstsq),
+        answer("torch, a 0-dim tensor", amdahl_with_torch),
+    ],
+    lesson09.check_all_reduce_seconds: [
+        answer("the course's cost model", all_reduce_seconds_from_the_cost_model),
+        answer("per ring step, a numpy float", all_reduce_seconds_per_step),
+    ],
+    lesson09.check_accumulation_plan: [
+        answer("decreasing batch sizes, a list", plan_by_decreasing_batch),
+        answer("divisors from the ceiling, numpy ints", plan_from_divisors),
+    ],
+    lesson10.check_data_wait_share: [
+        answer("a loop", data_share_with_a_loop),
+        answer("math.fsum, a numpy float", data_share_with_fsum),
+    ],
+    lesson10.check_num_workers_for: [
+        answer("a numpy integer", workers_as_a_numpy_integer),
+        answer("ceiling by floor division", workers_with_floor_division),
+    ],
+    lesson10.check_fast_loader: [
+        answer("RandomSampler, persistent workers", loader_with_an_explicit_random_sampler),
+        answer("6 workers and a seeded generator", loader_with_more_workers_and_a_generator),
+    ],
+    lesson11.check_zero_bytes_per_parameter: [
+        answer("branches", zero_bytes_with_branches),
+        answer("what is sharded, a Fraction", zero_bytes_from_what_is_sharded),
+    ],
+    lesson11.check_smallest_world_size_for_zero3: [
+        answer("bisection, a numpy integer", world_size_by_bisection),
+        answer("a ceiling, then upwards", world_size_from_a_ceiling),
+    ],
+    lesson11.check_recipes_that_fit: [
+        answer("filter and .total", recipes_with_filter),
+        answer("a tuple of plain tuples", recipes_as_a_tuple_of_plain_tuples),
+    ],
+    lesson12.check_global_rank: [
+        answer("counting nodes", global_rank_by_counting),
+        answer("numpy's ravel_multi_index", global_rank_as_numpy),
+    ],
+    lesson12.check_ranks_on_each_node: [
+        answer("itertools.accumulate", ranks_with_accumulate),
+        answer("one counter", ranks_from_one_counter),
+    ],
+    lesson12.check_bus_bandwidth: [
+        answer("one line", bus_bandwidth_in_one_line),
+        answer("from algorithm_bandwidth, a numpy float", bus_bandwidth_from_the_cost_model),
+    ],
+}
+
+ALTERNATIVE_CASES = [
+    pytest.param(check, *case.values, id=f"{check.__module__.rsplit('.', 1)[-1]}.{check.__name__}:"
+                                         f"{case.id}")
+    for check, cases in ALTERNATIVES.items() for case in cases
+]
+
+
+def all_graders():
+    """Every @grader function of course_lib/checks/lessonNN.py."""
+    modules = [importlib.import_module(f"{checks.__name__}.{info.name}")
+               for info in pkgutil.iter_modules(checks.__path__) if info.name.startswith("lesson")]
+    return [value for module in modules for value in vars(module).values()
+            if hasattr(value, "exercise") and getattr(value, "__module__", None) == module.__name__]
+
+
+@pytest.mark.parametrize("check, args, kwargs", ALTERNATIVE_CASES)
+def test_grader_accepts_an_alternative_correct_answer(check, args, kwargs, capsys):
+    check(*args, **kwargs)
+    assert capsys.readouterr().out == passed_line(check.exercise) + "\n"
+
+
+def test_every_grader_has_two_alternative_correct_answers():
+    short = [f"{check.__module__}.{check.__name__} has {len(ALTERNATIVES.get(check, []))}"
+             for check in all_graders() if len(ALTERNATIVES.get(check, [])) < MIN_ALTERNATIVES]
+    assert not short, ("add correct answers written differently from the solution: "
+                       + "; ".join(short))
