@@ -29,9 +29,9 @@ def test_interrupting_the_kernel_stops_every_rank_and_the_kernel_lives_on():
     manager, client = start_new_kernel(kernel_name="python3", cwd=REPO)
     try:
         # stop_on_error=False: after the interrupt, the kernel must not abort the next request
-        client.execute("import os, time\nfrom course_lib import launch\n"
-                       "def sleep_forever():\n    print('pid', os.getpid(), flush=True)\n    time.sleep(300)\n"
-                       "launch(sleep_forever, nprocs=2)", stop_on_error=False)
+        msg_id = client.execute("import os, time\nfrom course_lib import launch\n"
+                                "def sleep_forever():\n    print('pid', os.getpid(), flush=True)\n"
+                                "    time.sleep(300)\nlaunch(sleep_forever, nprocs=2)", stop_on_error=False)
         pids, error = [], None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and error is None:
@@ -45,7 +45,10 @@ def test_interrupting_the_kernel_stops_every_rank_and_the_kernel_lives_on():
                 error = content["ename"]
         assert error == "KeyboardInterrupt" and len(pids) == 2
         assert all(process_is_gone(pid) for pid in pids)
-        assert client.get_shell_msg(timeout=30)["content"]["status"] == "error"  # the interrupted cell
+        reply = client.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:  # a late reply to start_new_kernel's kernel_info
+            reply = client.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "error"  # the interrupted cell
         reply = client.execute_interactive("print(launch(lambda: 7, nprocs=2, timeout=60, output='none'))",
                                            timeout=60)
         assert reply["content"]["status"] == "ok"

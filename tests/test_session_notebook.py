@@ -34,7 +34,7 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         reply = self.client.get_shell_msg(timeout=timeout)
-        while reply["parent_header"].get("msg_id") != msg_id:  # a reply to an earlier request
+        while reply["parent_header"].get("msg_id") != msg_id:  # a late reply to start_new_kernel's kernel_info
             reply = self.client.get_shell_msg(timeout=timeout)
         if reply["content"]["status"] != "ok":
             text += f"\n[reply] {reply['content']}"

@@ -5,6 +5,7 @@ Imports nothing else of course_lib. The bottom modules import nothing of the pac
     env           where and how ranks run: backend, device, start method, threads, seeding
     errors        DistributedRunError: one failure per rank, gathered into one exception
     output        each rank's output relayed to the caller as whole lines labelled [rankN]
+    live_line     output's progress bars: one line redrawn in place, in a notebook or a terminal
     tracebacks    rank tracebacks and stack dumps, the learner's frames first
     channel       length-prefixed cloudpickle messages over pipes
 
@@ -24,4 +25,5 @@ The rank side (inside each rank's process):
     rank_process  set up one rank, run its job, report back, exit
     session_rank  a session's rank: keep a namespace and serve commands until closed
     user_rendezvous  the user's own init_process_group in a rank: its address, a port in use
+    rank_detach   a forked rank lets go of the notebook kernel: its own pipes, no ZMQ, no IPython
 """

@@ -2,8 +2,12 @@
 
 `DistributedRunError` names every failed rank, leads with the root cause and keeps each rank's output.
 """
+import os
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Dict, List, Optional
+
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # course_lib/
 
 PHASES = {
     "startup": "while starting the rank (before your code)",
@@ -59,6 +63,16 @@ class DistributedRunError(RuntimeError):
     def __str__(self):
         return self.describe()
 
+    def _render_traceback_(self):
+        """IPython's traceback of this error, from the learner's cell to the message: the launcher's
+        frames say nothing to them (the ranks' tracebacks are in the message)."""
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            raise RuntimeError("not in IPython")  # IPython falls back to its usual traceback
+        return shell.InteractiveTB.structured_traceback(type(self), self, _without_library_frames(self.__traceback__))
+
     def __reduce__(self):
         return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out, self.note))
 
@@ -93,6 +107,18 @@ class DistributedRunError(RuntimeError):
             for rank, out in shown.items():
                 lines += [f"  [rank{rank}] {line}" for line in out]
         return "\n".join(lines).rstrip()
+
+
+def _without_library_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_LIBRARY):
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
 
 
 def _ranks(failures) -> str:

@@ -38,6 +38,7 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     Raises DistributedRunError (a RuntimeError) naming every failed rank; no rank survives it,
     nor a KeyboardInterrupt.
     """
+    __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
     return run_ranks(CallFunction(fn, args, kwargs), nprocs, backend, timeout, init_process_group,
                      output, start_method, who="launch")
 
@@ -46,6 +47,7 @@ def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: O
               init_process_group: bool, output: str, start_method: Optional[str],
               who: str) -> List[Any]:
     """Start the ranks on `job`, wait for every reply, stop them all: launch's and spawn's body."""
+    __tracebackhide__ = True
     if not callable(job.fn):
         raise TypeError(f"{who} needs a function to run, got {type(job.fn).__name__}")
     if timeout is not None and timeout <= 0:

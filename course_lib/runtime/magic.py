@@ -36,6 +36,7 @@ def stop_session() -> None:
 @magic_arguments.argument("--output", default="all", choices=OUTPUT_MODES, help="whose output to show")
 def distributed(line: str, cell: Optional[str] = None):
     """Run the cell on every rank of a persistent session (rank, world_size, torch, dist predefined)."""
+    __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
     args = magic_arguments.parse_argstring(distributed, line)
     if cell is None:
         return _line(args)

@@ -69,6 +69,7 @@ class RankGroup:
                         handle.messages.append((kind, payload))
             else:
                 handle.stacks += data
+        self.relay.tick()
         for handle in self.handles:
             handle.poll()
 
@@ -87,6 +88,7 @@ class RankGroup:
         (they usually fail because of it); ranks still busy then are shown with their stacks.
         `interrupted()` is polled between reads: when true, KeyboardInterrupt is raised there.
         """
+        __tracebackhide__ = True
         ranks = [h.rank for h in self.handles] if ranks is None else list(ranks)
         deadline = None if timeout is None else time.monotonic() + timeout
         replies, failures, first_failure = {}, {}, None

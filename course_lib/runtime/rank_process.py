@@ -3,8 +3,6 @@
 The same steps run in a forked child and in a spawned interpreter (`python -m course_lib.runtime.rank_process`).
 """
 import faulthandler
-import io
-import logging
 import os
 import signal
 import sys
@@ -12,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from . import channel
+from .rank_detach import detach_from_kernel
 from .tracebacks import describe_current_exception
 from .user_rendezvous import follow_user_rendezvous
 
@@ -49,7 +48,7 @@ def run_rank(spec: RankSpec, pipes: RankPipes, forked: bool) -> None:
     try:
         _detach_from_launcher_signals(spec.parent_pid)
         if forked:
-            _redirect_stdio(pipes)
+            detach_from_kernel(pipes.stdout, pipes.stderr)
         _keep_stack_dumps(pipes)
         os.environ.update(spec.env)
         code = _run_phases(spec, pipes)
@@ -83,30 +82,6 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # noqa: BLE001 - best effort; the launcher also kills its ranks
         pass
-
-
-def _redirect_stdio(pipes: RankPipes) -> None:
-    """A forked rank still holds the notebook's output objects: point fds 1, 2 and sys.std* at pipes."""
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(pipes.stdout, 1)
-    os.dup2(pipes.stderr, 2)
-    for fd in (devnull, pipes.stdout, pipes.stderr):
-        os.close(fd)
-    old = {id(sys.stdout), id(sys.stderr), id(sys.__stdout__), id(sys.__stderr__)}
-    sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
-    sys.stdout = sys.__stdout__ = _text_stream(1)
-    sys.stderr = sys.__stderr__ = _text_stream(2)
-    # Logging handlers created in the notebook still write to the kernel's streams: repoint them.
-    for logger in [logging.getLogger()] + list(logging.Logger.manager.loggerDict.values()):
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:
-                handler.stream = sys.stderr
-
-
-def _text_stream(fd: int):
-    return io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), encoding="utf-8",
-                            errors="backslashreplace", line_buffering=True, write_through=True)
 
 
 def _keep_stack_dumps(pipes: RankPipes) -> None:

@@ -2,6 +2,7 @@
 
 `RankHandle` is the launcher's end of a started rank: its pid, its pipes, its exit status.
 """
+import importlib
 import os
 import subprocess
 import sys
@@ -64,12 +65,15 @@ def preload_for_fork() -> None:
 
     DistributedDataParallel's constructor imports torch._dynamo (hundreds of modules, seconds):
     imported here, the first launch pays it once and each later rank inherits it for free.
+    In a notebook, so is tqdm's notebook bar, which each rank turns into a text bar.
     """
-    if "torch._dynamo" not in sys.modules:
-        try:
-            import torch._dynamo  # noqa: F401
-        except ImportError:
-            pass
+    modules = ["torch._dynamo"] + (["tqdm.auto", "tqdm.notebook"] if "ipykernel.zmqshell" in sys.modules else [])
+    for module in modules:
+        if module not in sys.modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass
 
 
 def fork_rank(spec: RankSpec, started: List[RankHandle]) -> RankHandle:

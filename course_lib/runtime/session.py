@@ -42,6 +42,7 @@ class DistributedSession:
     # -- the public API ----------------------------------------------------------------------
     def run(self, code_or_function, *args, timeout: Optional[float] = None, **kwargs) -> List[Any]:
         """Run code (like a cell: returns each rank's last expression) or call a function on every rank."""
+        __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
         if isinstance(code_or_function, str):
             self._cells += 1
             command = ("exec", code_or_function, f"<distributed cell {self._cells}>")
@@ -53,10 +54,12 @@ class DistributedSession:
 
     def pull(self, name: str, timeout: Optional[float] = None) -> List[Any]:
         """Every rank's value of `name`: [value on rank 0, value on rank 1, ...]."""
+        __tracebackhide__ = True
         return self._request(("pull", name), timeout)
 
     def push(self, timeout: Optional[float] = None, **values) -> None:
         """Set names on every rank, e.g. ``s.push(lr=0.1, data=tensor)``."""
+        __tracebackhide__ = True
         self._request(("push", values), timeout)
 
     @property
@@ -109,6 +112,7 @@ class DistributedSession:
         self._start()
 
     def _request(self, command, timeout: Optional[float]) -> List[Any]:
+        __tracebackhide__ = True
         if self._group is None:
             raise RuntimeError("this DistributedSession is closed; start a new one")
         try:
@@ -128,7 +132,15 @@ class DistributedSession:
             except KeyboardInterrupt:
                 self._interrupt_ranks()
                 raise
+            finally:
+                self._end_cell_output()
         return [replies[rank] for rank in range(self.nprocs)]
+
+    def _end_cell_output(self) -> None:
+        """What the ranks wrote before replying belongs to this cell; a progress line ends with it."""
+        if self._group is not None:
+            self._group.pump(0)
+            self._group.relay.end_live()
 
     def _interrupt_ranks(self, grace: float = 3.0) -> None:
         """Interrupt the running command on every rank; restart ranks that do not stop in time."""

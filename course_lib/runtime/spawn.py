@@ -38,5 +38,6 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args={args!r}: give a tuple of the arguments after the rank, e.g. "
                         f"args=(world_size,) (note the comma), as for torch.multiprocessing.spawn")
+    __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
     return run_ranks(CallFunction(fn, tuple(args), {}, rank_first=True), nprocs, backend, timeout,
                      init_process_group, output, start_method, who="spawn")

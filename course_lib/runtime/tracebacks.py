@@ -42,13 +42,21 @@ def trim_stack_dump(text: str) -> str:
     return "\n".join(kept)
 
 
+_cell_names_of_the_kernel = {}  # a forked rank's copy: it leaves IPython, but its code came from cells
+
+
+def keep_cell_names(shell) -> None:
+    """Called in a forked rank before it leaves the kernel's IPython shell."""
+    _cell_names_of_the_kernel.update(getattr(shell.compile, "_filename_map", {}))
+
+
 def notebook_friendly(text: str) -> str:
     """Replace IPython's temporary cell file names with the "Cell In[N]" names learners see."""
     try:
         ipython = sys.modules["IPython"].get_ipython()
         names = ipython.compile._filename_map  # filename -> execution count
     except Exception:  # noqa: BLE001 - not in IPython
-        return text
+        names = _cell_names_of_the_kernel
     for filename, count in names.items():
         text = text.replace(f'File "{filename}"', f"Cell In[{count}]")
     return text
