@@ -120,6 +120,7 @@ BATCH_SIZE = 32
 STEP_SECONDS = 0.020
 MAX_SHARE = 0.25
 MEASURED_STEPS, WARMUP_STEPS = 20, 10
+MEASUREMENTS = 3
 MIN_WORKERS = reference_num_workers_for(BATCH_SIZE, READ_SECONDS, STEP_SECONDS)  # 3
 SAMPLES_TO_COMPARE = (0, 1, 777)
 
@@ -131,12 +132,17 @@ def check_fast_loader(fast_loader):
         loader = fast_loader()
         try:
             _check_configuration(loader)
-            times = measure_data_wait(loader, device_step(STEP_SECONDS), steps=MEASURED_STEPS,
-                                      warmup=WARMUP_STEPS)
+            # The best of up to MEASUREMENTS: a busy machine only ever adds waiting, and a loader
+            # with too few workers waits in every measurement, however quiet the machine.
+            for _ in range(MEASUREMENTS):
+                times = measure_data_wait(loader, device_step(STEP_SECONDS), steps=MEASURED_STEPS,
+                                          warmup=WARMUP_STEPS)
+                share = times["data"] / (times["data"] + times["compute"])
+                if share < MAX_SHARE:
+                    break
         finally:
             if isinstance(loader, DataLoader):
                 shutdown_workers(loader)
-    share = times["data"] / (times["data"] + times["compute"])
     expect(share < MAX_SHARE, "the measured data-wait share", f"below {MAX_SHARE:.2f}",
            f"{share:.2f} (waited {times['data'] * 1000:.0f} ms in {MEASURED_STEPS} steps of "
            f"{STEP_SECONDS * 1000:.0f} ms)",

@@ -19,7 +19,7 @@ from . import env
 # The versions the whole test suite has passed on (README, "Run every test"): MIN_TORCH is
 # pyproject.toml's lower bound; CI runs the pinned CPU build and the newest release on every change.
 MIN_PYTHON = (3, 11)
-MIN_TORCH = (2, 7)
+MIN_TORCH = (2, 8)
 NEWEST_TESTED_TORCH = (2, 15)
 SHM_ADVICE_BYTES = 1 << 30
 

@@ -17,7 +17,6 @@ def loopback_interface() -> str:
 
 class Rendezvous:
     def __init__(self, world_size: int, timeout_s: float = 300.0):
-        import torch
         from torch.distributed import TCPStore
 
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -27,13 +26,11 @@ class Rendezvous:
         # The launcher plays torchrun's agent: it hosts the store and every rank joins as a client
         # (TORCHELASTIC_USE_AGENT_STORE below), so even `init_process_group("gloo")` in user code works;
         # user code that picks another address gets its own store (see user_rendezvous).
-        # The store takes the socket over (and closes it when freed). Before torch 2.8 the libuv
-        # store cannot (it logs an error and raises; pytorch/pytorch#150215 taught it in 2.8): on
-        # 2.7 the store it replaced does, speaking the same protocol to the ranks.
+        # The store takes the socket over (and closes it when freed); the libuv store can since
+        # torch 2.8, the course's lower bound.
         self.store = TCPStore(MASTER_ADDR, self.port, world_size, is_master=True,
                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
-                              master_listen_fd=listener.detach(),
-                              use_libuv=torch.__version__ >= (2, 8))
+                              master_listen_fd=listener.detach(), use_libuv=True)
         self.world_size = world_size
 
     def environment(self, rank: int, start_method: str) -> dict:
