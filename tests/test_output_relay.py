@@ -54,14 +54,16 @@ def test_a_bar_of_a_second_rank_does_not_fight_for_the_live_line():
     assert "[rank1] rank one 20%" in screen, screen
 
 
-def test_the_profilers_start_and_stop_lines_are_left_out():
+def test_library_noise_is_left_out_and_the_learners_own_lines_stay():
     captured = io.StringIO()
     relay, out, err = _relay_into(captured)
     with out, err:
         relay.feed(0, "stderr", b"USDT:2026-11-23 15:52:02 11388:11388 SyncActivityProfilerHandler.cpp:52] "
                                 b"profiler_start\nstep 1\nUSDT: my own line\n")
+        relay.feed(1, "stdout", b"[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of "
+                                b"connected peer ranks is : 1\n[Gloo] my own line\n")
         relay.flush()
-    assert captured.getvalue() == "[rank0] step 1\n[rank0] USDT: my own line\n"
+    assert captured.getvalue() == "[rank0] step 1\n[rank0] USDT: my own line\n[rank1] [Gloo] my own line\n"
 
 
 def _render(text: str) -> list:

@@ -14,8 +14,12 @@ from collections import deque
 from .live_line import live_line_for
 
 OUTPUT_MODES = ("all", "rank0", "none")
-# What PyTorch's profiler (kineto) prints on every start and stop, on any rank: not the learner's output.
-NOISE = re.compile(r"^USDT:\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] profiler_\w+$")
+# Lines libraries print that say nothing to a learner, from any rank: what PyTorch's profiler
+# (kineto) prints on every start and stop, and gloo's connection report at every
+# init_process_group (printed by torch 2.8, not by 2.13).
+NOISE = re.compile(r"^USDT:\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] profiler_\w+$"
+                   r"|^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+                   r"Expected number of connected peer ranks is : \d+$")
 
 
 class OutputRelay:
