@@ -212,29 +212,29 @@ def _saves_without_fsync(state, path):
     os.replace(temporary, path)
 
 
+def _save_synced(state, file):
+    """The part the wrong answers below get right: the state written, flushed and fsynced."""
+    torch.save(state, file)
+    file.flush()
+    os.fsync(file.fileno())
+
+
 def _never_renames(state, path):
     temporary = Path(path).with_name(Path(path).name + ".tmp")
     with open(temporary, "wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
+        _save_synced(state, file)
+    return temporary
 
 
 def _temporary_file_in_another_folder(state, path):
     # in the system's temporary folder, not next to path
     with tempfile.NamedTemporaryFile(delete=False, suffix=".pt") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
+        _save_synced(state, file)
     os.replace(file.name, path)
 
 
 def _removes_the_old_checkpoint_first(state, path):
-    temporary = Path(path).with_name(Path(path).name + ".tmp")
-    with open(temporary, "wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
+    temporary = _never_renames(state, path)  # the temporary file, written right
     if os.path.exists(path):
         os.remove(path)  # "make room": a crash before the rename leaves no checkpoint at all
     os.rename(temporary, path)
