@@ -2,7 +2,21 @@
 import contextlib
 import io
 
+import pytest
+
 from course_lib.runtime.output import OutputRelay
+
+# The monotonic clock starts near zero at boot: a machine up for seconds must behave like one up
+# for days. Each clock below stands still unless a test moves it.
+CLOCK_STARTS = pytest.mark.parametrize("clock_start", [0.0, 1e6], ids=["just-booted", "up-for-days"])
+
+
+class Clock:
+    def __init__(self, start: float):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Terminal(io.StringIO):
@@ -30,14 +44,33 @@ def test_a_bar_is_one_line_redrawn_in_a_terminal_with_other_lines_above_it():
     assert relay.outputs() == {0: ["100%|##########"], 1: ["hello"]}  # an error shows the bar's end once
 
 
-def test_without_a_terminal_a_bar_becomes_occasional_whole_lines():
-    captured = io.StringIO()
-    relay, out, err = _relay_into(captured, redraw_every=3600)
+@CLOCK_STARTS
+def test_without_a_terminal_a_bar_becomes_occasional_whole_lines(clock_start):
+    captured, clock = io.StringIO(), Clock(clock_start)
+    relay, out, err = _relay_into(captured, redraw_every=3600, clock=clock)
     with out, err:
         for percent in (10, 50, 90):
             relay.feed(0, "stderr", f"\r{percent}%".encode())
+        clock.now += 3600
+        relay.feed(0, "stderr", b"\r95%")
+        relay.feed(0, "stderr", b"\r99%")
         relay.flush()
-    assert captured.getvalue() == "[rank0] 10%\n[rank0] 90%\n"
+    # the first state at once, then one line per redraw_every, and the last state at the end
+    assert captured.getvalue() == "[rank0] 10%\n[rank0] 90%\n[rank0] 99%\n"
+
+
+@CLOCK_STARTS
+def test_a_live_bar_shows_its_first_state_at_once_then_at_most_every_live_every(clock_start):
+    terminal, clock = Terminal(), Clock(clock_start)
+    relay = OutputRelay(live_every=1.0, clock=clock)
+    with contextlib.redirect_stderr(terminal):
+        relay.feed(0, "stderr", b"\r10%")
+        relay.feed(0, "stderr", b"\r20%")   # within live_every of the first: not drawn yet
+        shown_before_a_second = terminal.getvalue()
+        clock.now += 1.0
+        relay.tick()
+    assert "[rank0] 10%" in shown_before_a_second and "20%" not in shown_before_a_second
+    assert "[rank0] 20%" in terminal.getvalue()
 
 
 def test_a_bar_of_a_second_rank_does_not_fight_for_the_live_line():

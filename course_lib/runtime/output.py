@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from collections import deque
+from typing import Callable
 
 from .live_line import live_line_for
 
@@ -24,16 +25,17 @@ NOISE = re.compile(r"^USDT:\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] profiler_\w+$"
 
 class OutputRelay:
     def __init__(self, mode: str = "all", keep_lines: int = 200, redraw_every: float = 2.0,
-                 live_every: float = 0.1):
+                 live_every: float = 0.1, clock: Callable[[], float] = time.monotonic):
         if mode not in OUTPUT_MODES:
             raise ValueError(f"output={mode!r}: choose one of {', '.join(map(repr, OUTPUT_MODES))}")
         self.mode = mode
         self.keep_lines = keep_lines
         self.redraw_every = redraw_every    # a redrawn line not shown live: one line this often
         self.live_every = live_every        # the live line: updated at most this often
+        self.clock = clock                  # any start: only differences of its readings count
         self._decoders = {}
         self._pending = {}      # (rank, stream) -> text of the current line not yet ended or redrawn
-        self._redrawn = {}      # (rank, stream) -> (its latest state, time last shown as a line)
+        self._redrawn = {}      # (rank, stream) -> (its latest state, time last shown as a line or None)
         self._live = None       # the one redrawn line shown in place
         self.lines = {}         # rank -> deque of its last lines, whatever the mode
 
@@ -68,14 +70,14 @@ class OutputRelay:
     def _redraw(self, key, text: str) -> None:
         """The line was redrawn ("\\r"): show it live, or its state at most every few seconds."""
         if not text.strip():
-            self._redrawn.setdefault(key, ("", 0.0))
+            self._redrawn.setdefault(key, ("", None))
             return
-        _, last_shown = self._redrawn.get(key, ("", 0.0))
+        _, last_shown = self._redrawn.get(key, ("", None))
         if self._show_live(key, text):
             self._redrawn[key] = (text, last_shown)
             return
-        now = time.monotonic()
-        if now - last_shown >= self.redraw_every:
+        now = self.clock()
+        if last_shown is None or now - last_shown >= self.redraw_every:
             self._emit(*key, [text])
             self._redrawn[key] = ("", now)
         else:
@@ -89,7 +91,7 @@ class OutputRelay:
             line = live_line_for(sys.stderr if stream == "stderr" else sys.stdout)
             if line is None:
                 return False
-            self._live = _Live(key, line)
+            self._live = _Live(key, line, self.clock)
         if self._live.key != key:
             return False  # one live line at a time; other bars show as occasional lines
         self._live.set(f"[rank{rank}] {text}", self.live_every)
@@ -152,15 +154,15 @@ class OutputRelay:
 class _Live:
     """The live line's state: whose it is, what it shows, what it should show next."""
 
-    def __init__(self, key, line):
-        self.key, self.line = key, line
+    def __init__(self, key, line, clock: Callable[[], float]):
+        self.key, self.line, self.clock = key, line, clock
         self.latest = self.shown = ""
-        self.shown_at = 0.0
+        self.shown_at = None  # never shown yet, whatever the clock reads
 
     def set(self, text: str, every: float) -> None:
         self.latest = text
-        now = time.monotonic()
-        if text != self.shown and now - self.shown_at >= every:
+        now = self.clock()
+        if text != self.shown and (self.shown_at is None or now - self.shown_at >= every):
             self.line.show(text)
             self.shown, self.shown_at = text, now
 
