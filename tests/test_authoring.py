@@ -234,11 +234,18 @@ def test_run_solutions_reports_failures_and_timeouts_and_writes_neither(course, 
     assert run_solutions_main(["--root", str(course), "--only", "7"]) == 2
 
 
-def test_device_names_gpus_or_cpu_cores(monkeypatch):
-    import torch
+def test_device_names_gpus_or_cpu_cores_and_the_backend_launch_really_picks(monkeypatch):
+    import torch.distributed as dist
+
+    from course_lib.authoring import run
 
     assert describe_device().startswith("cpu x") or "(nccl)" in describe_device()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H200")
-    assert describe_device() == "2x NVIDIA H200 (nccl)"
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    for gpus in (2, 1):
+        monkeypatch.setattr(run.env, "gpu_count", lambda: gpus)
+        monkeypatch.setattr(run, "gpu_descriptions", lambda: [("NVIDIA H200", 150 * 10**9)] * gpus)
+        described = describe_device()
+        if gpus == 2:
+            assert described == "2x NVIDIA H200 (nccl)"
+        else:  # launch(nprocs=2) on a 1-GPU node runs gloo on the CPU: say so, not "(nccl)"
+            assert described == "1x NVIDIA H200 (gloo: 2 ranks but only 1 GPU, ranks run on the CPU)"

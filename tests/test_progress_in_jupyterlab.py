@@ -22,6 +22,8 @@ from scripts import REPO
 pytestmark = pytest.mark.timeout(300)
 
 BAR = re.compile(r"\[rank0\] ddp x2:\s+(\d+)%\|")
+COURSE_SETTINGS = os.path.join("jupyter", "course-lib-settings.json")
+NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"  # JupyterLab 4's first-run toast
 SLOW_DATA = """\
 import time
 from torch.utils.data import Dataset
@@ -75,8 +77,13 @@ def _free_port() -> int:
 
 @pytest.fixture
 def jupyterlab(tmp_path):
-    """A JupyterLab server on a free loopback port, serving tmp_path; stopped (with its kernels) after."""
+    """A JupyterLab server on a free loopback port, serving tmp_path; stopped (with its kernels) after.
+
+    Its default settings are the course's (what `pip install .` puts in JupyterLab's settings folder)."""
     chromium = _chromium()  # skip before starting anything
+    settings = tmp_path / "app_settings" / "overrides.d"
+    settings.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, COURSE_SETTINGS), settings)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
                JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
@@ -84,7 +91,8 @@ def jupyterlab(tmp_path):
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
-         "--LabApp.news_url=", "--ServerApp.port_retries=0", "--allow-root"],
+         "--LabApp.news_url=", f"--LabApp.app_settings_dir={settings.parent}",
+         "--ServerApp.port_retries=0", "--allow-root"],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path), start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -214,6 +222,7 @@ def test_every_lesson_opens_with_its_kernel_and_its_first_cell_runs(jupyterlab):
                     page.goto(f"{base}/lab/workspaces/{lesson[:2]}/tree/lessons/{lesson}?token={token}")
                     page.get_by_text(re.compile(r"\| Idle$")).wait_for(timeout=60_000)
                     assert page.locator(".jp-Dialog").count() == 0, f"{lesson}: a dialog asks something"
+                    assert page.get_by_text(NEWS_PROMPT).count() == 0, f"{lesson}: JupyterLab asks about news"
                     first = page.locator(".jp-Notebook .jp-CodeCell").first
                     first.click()
                     page.keyboard.press("Shift+Enter")

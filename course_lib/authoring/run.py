@@ -12,6 +12,7 @@ from pathlib import Path
 import nbformat
 
 from ..runtime import env
+from ..runtime.doctor import gpu_descriptions
 from .grade import ANSI_COLOR
 from .layout import SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs
@@ -79,16 +80,15 @@ def first_error_line(failure: Exception) -> str:
     return (named or lines or [type(failure).__name__])[-1][:160]
 
 
-def describe_device() -> str:
-    """'2x NVIDIA H200 (nccl)' on GPUs, 'cpu x2 (gloo)' without: what the notebooks will use."""
-    import torch
-
-    count = env.gpu_count()
-    if count:
-        names = [torch.cuda.get_device_name(index) for index in range(count)]
-        groups = [f"{names.count(name)}x {name}" for name in dict.fromkeys(names)]
-        return ", ".join(groups) + " (nccl)"
-    return f"cpu x{env.cpu_cores()} (gloo)"
+def describe_device(nprocs: int = 2) -> str:
+    """What the notebooks' launches (2 ranks) will use: '2x NVIDIA H200 (nccl)', '1x NVIDIA H100
+    (gloo: 2 ranks but only 1 GPU, ranks run on the CPU)', 'cpu x2 (gloo)'."""
+    backend, why = env.choose_backend(nprocs)
+    if not env.gpu_count():
+        return f"cpu x{env.cpu_cores()} ({backend})"
+    names = [name for name, _ in gpu_descriptions()]
+    groups = [f"{names.count(name)}x {name}" for name in dict.fromkeys(names)]
+    return ", ".join(groups) + (f" ({backend})" if backend == "nccl" else f" ({backend}: {why})")
 
 
 def print_table(runs, device: str) -> None:

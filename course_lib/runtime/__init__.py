@@ -1,6 +1,7 @@
 """The runtime: start ranks from a notebook or a script, talk to them, stop them all.
 
-Imports nothing else of course_lib. The bottom modules import nothing of the package:
+Imports nothing else of course_lib. The bottom modules import only each other (output uses
+live_line), never the launcher or the rank side:
 
     env           where and how ranks run: backend, device, start method, threads, seeding
     errors        DistributedRunError: one failure per rank, gathered into one exception

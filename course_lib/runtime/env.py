@@ -19,11 +19,15 @@ def cpu_cores() -> int:
 
 
 def gpu_count() -> int:
-    """CUDA devices, counted without initialising CUDA in this process (so fork stays safe)."""
+    """CUDA devices, counted without initialising CUDA in this process (so fork stays safe).
+
+    `torch.cuda.is_available()` would call cudaGetDeviceCount, which initialises the CUDA driver
+    here: ranks forked afterwards cannot use the GPU (torch's docs of `is_available`).
+    `torch.cuda.device_count()` asks NVML instead until CUDA is initialised; only where NVML cannot
+    be loaded (no NVIDIA driver, so no GPU to lose) does it fall back to cudaGetDeviceCount.
+    """
     import torch
 
-    if not torch.cuda.is_available():
-        return 0
     return torch.cuda.device_count()
 
 
@@ -100,8 +104,8 @@ def device_for_rank(local_rank: int = None, backend: Optional[str] = None):
         import torch.distributed as dist
 
         backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
-    if backend == "nccl" or (backend is None and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+    if backend == "nccl" or (backend is None and gpu_count() > 0):
+        return torch.device("cuda", local_rank % max(1, gpu_count()))
     return torch.device("cpu")
 
 

@@ -19,7 +19,8 @@ def follow_user_rendezvous(report) -> None:
     """
     # the module: `from torch.distributed import rendezvous` gives its function of that name.
     # Its private registry of URL schemes is the one place torch lets us step in before the store
-    # is made; this module alone touches it (seen as {"env", "file", "tcp"} on torch 2.4 to 2.15).
+    # is made; this module alone touches it (seen as {"env", "file", "tcp"} on torch 2.8 to 2.15,
+    # the tested range).
     torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
     handlers = getattr(torch_rendezvous, "_rendezvous_handlers", None)
     if not isinstance(handlers, dict):

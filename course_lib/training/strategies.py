@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..runtime.env import gpu_count
+
 if dist.is_available():
     import torch.distributed.nn  # noqa: F401  now: imported after init (DDP does it), it pins the group
 
@@ -26,7 +28,7 @@ def make_strategy(name: str, device=None):
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device("cuda" if gpu_count() > 0 else "cpu")
 
 
 class SingleDevice:
@@ -66,8 +68,8 @@ class DataParallelStrategy(SingleDevice):
     """
 
     def __init__(self):
-        super().__init__(device="cuda:0" if torch.cuda.is_available() else "cpu")
-        self.world_size = max(torch.cuda.device_count(), 1)
+        super().__init__(device="cuda:0" if gpu_count() > 0 else "cpu")
+        self.world_size = max(gpu_count(), 1)
 
     def wrap(self, model: nn.Module, config) -> nn.Module:
         model = model.to(self.device)

@@ -16,6 +16,7 @@ import typing
 import torch
 import torch.distributed as dist
 
+from ..runtime.env import gpu_count
 from .amp import AMP_MODES
 from .data import make_dataset
 from .models import make_model
@@ -97,8 +98,7 @@ def _train_under_torchrun(config: TrainConfig, args):
     if config.strategy != "ddp":
         return train(config, args.samples, args.hidden)
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    backend = args.backend or ("nccl" if torch.cuda.device_count() >= local_world_size > 0
-                               and torch.cuda.is_available() else "gloo")
+    backend = args.backend or ("nccl" if gpu_count() >= local_world_size > 0 else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
