@@ -4,6 +4,7 @@ A parent that called cudaGetDeviceCount (what `torch.cuda.is_available()` does b
 children that cannot use the GPU. On this CPU machine we fake a CUDA build whose NVML sees no GPU,
 and make every CUDA entry point raise in the parent (not in the ranks, which inherit the fakes).
 """
+import importlib
 import os
 
 import pytest
@@ -29,6 +30,9 @@ def cuda_must_not_start_here(monkeypatch):
             raise AssertionError("CUDA initialised in the launcher's process before fork")
         return lazy_init()
 
+    # What launch preloads for its forks, imported before the fake: under a fake CUDA build, torch's
+    # own imports look for CUDA functions this CPU build lacks.
+    importlib.import_module("torch._dynamo")
     # a CUDA build (torch.cuda._is_compiled looks for this function) on a node whose NVML finds no GPU
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", device_count_by_the_driver, raising=False)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 0)
