@@ -11,7 +11,8 @@ Its layers, each importing only the ones listed before it:
     examples/   scripts the lessons run under torchrun
 
 The names learners type every day are importable from here (lazily, so `import course_lib`
-stays fast): `from course_lib import launch, spawn, Trainer, TrainConfig, make_dataset, make_model`.
+stays fast): `from course_lib import launch, spawn, Trainer, TrainConfig, make_dataset, make_model,
+device_for_rank`.
 """
 import importlib
 
@@ -23,6 +24,13 @@ _EXPORTS = {
     "spawn": "course_lib.runtime.spawn",
     "DistributedRunError": "course_lib.runtime.errors",
     "DistributedSession": "course_lib.runtime.session",
+    "current_session": "course_lib.runtime.magic",
+    "device_for_rank": "course_lib.runtime.env",
+    "gpu_count": "course_lib.runtime.env",
+    "cpu_cores": "course_lib.runtime.env",
+    "choose_start_method": "course_lib.runtime.env",
+    "threads_per_rank": "course_lib.runtime.env",
+    "free_port": "course_lib.topics.cluster",
     "Trainer": "course_lib.training.trainers",
     "TrainConfig": "course_lib.training.trainers",
     "make_dataset": "course_lib.training.data",
