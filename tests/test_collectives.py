@@ -1,16 +1,21 @@
-"""course_lib.topics.collectives: the reference all-reduces, the traffic counter and the cost model."""
+"""course_lib.topics.collectives: the reference all-reduces, the traffic counter, the cost model,
+and the watcher of DataParallel's copies (course_lib.topics.traffic)."""
 import math
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib import launch
+from torch.nn.parallel import comm as data_parallel_comm
+
+from course_lib import launch, make_model
 from course_lib.checks.lesson03 import check_ring_all_reduce
 from course_lib.topics.collectives import (algorithm_bandwidth, bus_bandwidth, count_traffic,
                                     fit_alpha_beta, measure_all_reduce, naive_all_reduce,
                                     naive_all_reduce_time, ring_all_reduce, ring_all_reduce_time,
                                     ring_chunks, tree_all_reduce_time)
+from course_lib.topics.cost_model import data_parallel_device0_bytes, ring_all_reduce_bytes
+from course_lib.topics.traffic import CommCall, watch_data_parallel_comm
 
 # More ranks than this machine's cores is fine for correctness; the launcher's warning says so.
 pytestmark = pytest.mark.filterwarnings(r"ignore:\d+ ranks on \d+ CPU cores:RuntimeWarning")
@@ -243,3 +248,53 @@ def test_bus_bandwidth_is_nccl_tests_definition():
         seconds = ring_all_reduce_time(2 ** 30, world_size, 0.0, BETA)
         assert bus_bandwidth(2 ** 30, seconds, world_size) == pytest.approx(1 / BETA)
     assert math.isclose(bus_bandwidth(8, 1.0, 2), 8.0)
+
+
+def test_data_parallel_and_ring_bytes_per_step():
+    parameter_bytes = 1000
+    # With NCCL, device 0 is the root of one broadcast and one reduce: P each way, whatever N.
+    assert [data_parallel_device0_bytes(parameter_bytes, n) for n in (2, 4, 16)] == [1000] * 3
+    # Without NCCL, one copy per other device each way: a star.
+    assert data_parallel_device0_bytes(parameter_bytes, 4, nccl=False) == 3000
+    assert data_parallel_device0_bytes(parameter_bytes, 1) == 0  # one device: nothing is copied
+    with pytest.raises(ValueError, match="at least one device"):
+        data_parallel_device0_bytes(parameter_bytes, 0)
+    assert ring_all_reduce_bytes(parameter_bytes, 4) == pytest.approx(1500)
+    assert ring_all_reduce_bytes(parameter_bytes, 1) == 0
+
+
+def test_watching_data_parallel_runs_torch_replicate_and_records_broadcast_then_one_reduce():
+    model = make_model(seed=0).to("meta")
+    parameter_bytes = 4 * sum(parameter.numel() for parameter in model.parameters())
+    X, y = torch.empty(6, 16, device="meta"), torch.zeros(6, dtype=torch.long, device="meta")
+    with watch_data_parallel_comm() as calls:
+        replicas = torch.nn.parallel.replicate(model, [0, 1, 2])
+        for index, replica in enumerate(replicas):
+            replica[0].weight.register_hook(lambda grad, index=index: calls.append(index))
+        logits = torch.cat([replica(chunk) for replica, chunk in zip(replicas, X.chunk(3))])
+        torch.nn.functional.cross_entropy(logits, y).backward()
+    broadcast, *gradients_ready, reduce = calls
+    assert isinstance(broadcast, CommCall) and broadcast.name == "broadcast_coalesced"
+    assert (broadcast.tensors, broadcast.nbytes) == (4, parameter_bytes)
+    assert broadcast.devices == [0, 1, 2]
+    assert sorted(gradients_ready) == [0, 1, 2]  # every replica's backward, before the one reduce
+    assert reduce.name == "reduce_add_coalesced" and reduce.nbytes == parameter_bytes
+    assert len(reduce.devices) == 3 and "3 replicas" in str(reduce) and "[1, 2]" in str(broadcast)
+    assert all(parameter.grad is not None for parameter in model.parameters())
+
+
+def test_data_parallel_stand_ins_compute_what_torch_returns_and_are_removed_after_the_block():
+    originals = (data_parallel_comm.broadcast_coalesced, data_parallel_comm.reduce_add_coalesced)
+    first, second = [torch.ones(2), torch.arange(3.0)], [torch.ones(2), torch.ones(3)]
+    with pytest.raises(RuntimeError, match="inside"):
+        with watch_data_parallel_comm():
+            copies = data_parallel_comm.broadcast_coalesced(first, [0, 1])
+            assert copies[0][0] is first[0] and torch.equal(copies[1][1], first[1])
+            assert copies[1][1] is not first[1]
+            sums = data_parallel_comm.reduce_add_coalesced([first, second], 0)
+            assert torch.equal(sums[0], torch.full((2,), 2.0))
+            assert torch.equal(sums[1], torch.tensor([1.0, 2.0, 3.0]))
+            assert torch.equal(first[0], torch.ones(2))  # the inputs are left as they were
+            raise RuntimeError("an error inside the block")
+    assert (data_parallel_comm.broadcast_coalesced,
+            data_parallel_comm.reduce_add_coalesced) == originals

@@ -5,6 +5,11 @@ seconds (alpha: latency, beta: seconds per byte); measuring, fitting, and bus ba
     naive all-reduce:  2 (N - 1) (alpha + n * beta)       (all through rank 0's link)
     tree all-reduce:   2 ceil(log2 N) (alpha + n * beta)   (reduce up a binary tree, broadcast down)
 
+Bytes, per step, for the parameters P of a data-parallel model: DDP's ring all-reduce makes every
+rank send (and receive) 2 (N - 1) / N * P; DataParallel broadcasts P from device 0 and reduces
+P back onto it, which with NCCL is P each way through device 0, and without NCCL a star of
+copies, (N - 1) * P each way.
+
 Bus bandwidth follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md): the
 algorithm bandwidth n / t times 2 (N - 1) / N, the fraction of the data each rank must move in
 an all-reduce. It is comparable across world sizes and to the hardware's link speed.
@@ -18,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["ring_all_reduce_time", "naive_all_reduce_time", "tree_all_reduce_time",
+           "ring_all_reduce_bytes", "data_parallel_device0_bytes",
            "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth", "measure_all_reduce"]
 
 
@@ -34,6 +40,28 @@ def naive_all_reduce_time(nbytes, world_size, alpha, beta):
 def tree_all_reduce_time(nbytes, world_size, alpha, beta):
     """Seconds to reduce whole tensors up a binary tree, then broadcast the sum back down."""
     return 2 * math.ceil(math.log2(world_size)) * (alpha + nbytes * beta)
+
+
+def ring_all_reduce_bytes(nbytes, world_size):
+    """Bytes each rank sends, and receives, in a ring all-reduce of `nbytes`: 2 (N - 1) / N."""
+    return _ring_fraction(world_size) * nbytes
+
+
+def data_parallel_device0_bytes(parameter_bytes, devices, nccl=True):
+    """Bytes device 0 sends, and receives, per nn.DataParallel step for parameters and gradients.
+
+    Every forward, replicate broadcasts the parameters from device 0 (comm.broadcast_coalesced);
+    every backward sums the replicas' gradients onto it (comm.reduce_add_coalesced); nothing is
+    sent back, the next forward broadcasts again. With NCCL both are NCCL collectives, whose root
+    sends (broadcast) or receives (reduce) the data once whatever the number of devices
+    (nccl-tests' doc/PERFORMANCE.md: bus bandwidth = algorithm bandwidth for both). Without NCCL
+    they are plain copies, one per other device: a star through device 0.
+    """
+    if devices < 1:
+        raise ValueError(f"devices={devices}: DataParallel needs at least one device")
+    if devices == 1:
+        return 0  # one device: nn.DataParallel calls the module directly, nothing is copied
+    return parameter_bytes if nccl else (devices - 1) * parameter_bytes
 
 
 def _ring_fraction(world_size):

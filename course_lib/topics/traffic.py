@@ -25,6 +25,15 @@ Limits, so that you read the numbers right:
 - It counts this thread's calls (and the backward passes it runs), in this process: each rank
   has its own Traffic. Return it from the function you launch to compare ranks. Blocks cannot
   be nested. Torch's functional collectives (DTensor, FSDP2, torch.compile) are not counted.
+
+DataParallel moves tensors between the GPUs of one process, not between ranks, through
+torch.nn.parallel.comm. `watch_data_parallel_comm()` records those calls, and runs torch's own
+replicate and its backward without GPUs (on the "meta" device):
+
+    with watch_data_parallel_comm() as calls:
+        replicas = torch.nn.parallel.replicate(model_on_meta, [0, 1, 2, 3])
+        ...forward each replica, one loss, loss.backward()...
+    calls  # [broadcast_coalesced of P bytes to devices [1, 2, 3], reduce_add_coalesced of 4 x P]
 """
 import contextlib
 from collections import Counter
@@ -32,18 +41,21 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 # The documented way to write a dispatch mode is this module, underscore and all ("Extending
-# PyTorch: extending all torch API with modes"); it has the same API on torch 2.4 to 2.15.
+# PyTorch: extending all torch API with modes"); the course's torch (2.8 and newer; tested on
+# 2.8, 2.13 and 2.15) has the same API.
+from torch.nn.parallel import comm as data_parallel_comm
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["count_traffic", "Traffic", "POINT_TO_POINT", "COLLECTIVES"]
+__all__ = ["count_traffic", "Traffic", "POINT_TO_POINT", "COLLECTIVES",
+           "watch_data_parallel_comm", "CommCall"]
 
 POINT_TO_POINT = ("send", "recv")
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
                "reduce_scatter", "all_to_all", "barrier")
 
 # The c10d operators that torch.distributed's functions call, and the collective each one is.
-# Each function picks its operator (dist.all_gather_object ran allgather_ on torch 2.4 and runs
-# _allgather_base_ on 2.15); the operators themselves have kept these names from 2.4 to 2.15.
+# Each function picks its operator (dist.all_gather_object runs _allgather_base_ today; older
+# torch ran allgather_); the operators have kept these names on every torch the course supports.
 _COLLECTIVE_OF_OPERATOR = {
     "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
     "broadcast_": "broadcast", "reduce_": "reduce",
@@ -128,3 +140,55 @@ def _global_rank(process_group, group_rank):
 
 def _nbytes(tensors):
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+@dataclass
+class CommCall:
+    """One call DataParallel made to torch.nn.parallel.comm, as watch_data_parallel_comm saw it."""
+
+    name: str      # "broadcast_coalesced" (replicate, forward) or "reduce_add_coalesced" (backward)
+    tensors: int   # tensors per device
+    nbytes: int    # bytes per device: all of them together
+    devices: list  # broadcast: [source, destinations...]; reduce: one entry per replica summed
+
+    def __str__(self):
+        if self.name == "broadcast_coalesced":
+            return (f"broadcast_coalesced: {self.tensors} tensors, {self.nbytes:,} bytes, "
+                    f"from device {self.devices[0]} to devices {self.devices[1:]}")
+        return (f"reduce_add_coalesced: {len(self.devices)} replicas' gradients, {self.nbytes:,} "
+                f"bytes each, summed into the model's own .grad (on device_ids[0])")
+
+
+@contextlib.contextmanager
+def watch_data_parallel_comm():
+    """Record DataParallel's copies, running torch's own replicate and its backward without GPUs.
+
+    torch.nn.parallel.replicate copies the parameters with comm.broadcast_coalesced (inside the
+    autograd function Broadcast), and Broadcast's backward sums the replicas' gradients with
+    comm.reduce_add_coalesced. On GPUs both run NCCL's broadcast and reduce when torch was built
+    with NCCL, and plain copies otherwise (torch/csrc/cuda/comm.cpp, torch/nn/parallel/comm.py).
+    Inside this block both are stand-ins that record each call and return what the real ones
+    return, on any device. Use a model on the "meta" device: Broadcast refuses CPU tensors.
+    Everything else (replicate, the autograd functions, when backward reaches the reduce) is
+    torch's. Yields a list of CommCall records in call order; append your own notes to it.
+    """
+    calls = []
+    originals = data_parallel_comm.broadcast_coalesced, data_parallel_comm.reduce_add_coalesced
+
+    def broadcast_coalesced(tensors, devices, buffer_size=None):
+        calls.append(CommCall("broadcast_coalesced", len(tensors), _nbytes(tensors), list(devices)))
+        # As torch's: the first device keeps the original tensors, every other gets a copy.
+        return [list(tensors)] + [[tensor.detach().clone() for tensor in tensors]
+                                  for _ in devices[1:]]
+
+    def reduce_add_coalesced(inputs, destination=None, buffer_size=None):
+        calls.append(CommCall("reduce_add_coalesced", len(inputs[0]), _nbytes(inputs[0]),
+                              [tensors[0].get_device() for tensors in inputs]))
+        return tuple(sum(same_tensor[1:], same_tensor[0].clone()) for same_tensor in zip(*inputs))
+
+    data_parallel_comm.broadcast_coalesced = broadcast_coalesced
+    data_parallel_comm.reduce_add_coalesced = reduce_add_coalesced
+    try:
+        yield calls
+    finally:
+        data_parallel_comm.broadcast_coalesced, data_parallel_comm.reduce_add_coalesced = originals

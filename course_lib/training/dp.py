@@ -10,7 +10,9 @@ file can then read nn.DataParallel's source:
     output   = gather(outputs, output_device)            # concatenate on one device
 
 On GPUs, replicate() is torch.nn.parallel.replicate: parameters are broadcast with an autograd
-function, so the backward pass sums every replica's gradient into the original parameters. On
+function (Broadcast: comm.broadcast_coalesced forward, comm.reduce_add_coalesced backward; NCCL
+when torch has it, plain copies otherwise), so the backward pass sums every replica's gradient
+into the original parameters, and the next forward broadcasts them again. On
 the CPU all replicas live on one device, so they simply share the original parameters and
 autograd sums the gradients for us. Either way, loss.backward() after a DataParallel forward
 gives the same gradients as one device computing the whole batch (up to float rounding).
