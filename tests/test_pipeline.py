@@ -1,6 +1,10 @@
 """The input-pipeline helpers: the slow dataset and its precomputed features, the data-wait
 measurement, worker shutdown and the prefetcher (its CPU path; the CUDA path needs a GPU)."""
+import json
 import multiprocessing
+import os
+import subprocess
+import sys
 import time
 import warnings
 
@@ -11,7 +15,10 @@ from torch.utils.data import DataLoader
 from course_lib.checks.lesson10 import check_fast_loader
 from course_lib.topics.pipeline import (Prefetcher, SlowDataset, Stamped, data_wait_share, device_step,
                                  measure_data_wait, neighbour_features, precompute_features,
-                                 shutdown_workers)
+                                 sample_utilization, shutdown_workers)
+from course_lib.topics.pitfalls import WorkerSeed
+from course_lib.training.loading import make_loader
+from course_lib.training.trainers import TrainConfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,3 +126,34 @@ def test_fast_loader_grader_passes_the_reference(features_path, capsys):
     check_fast_loader(fast_loader)
     assert capsys.readouterr().out == "✓ a loader that hides the data wait: passed\n"
     assert set(multiprocessing.active_children()) <= running_before  # its workers are gone
+
+
+def test_rank_loaders_give_their_workers_different_seeds():
+    class SeedsWithLabels(WorkerSeed):  # the loader's sampler needs len(); items as (x, y)
+        def __getitem__(self, index):
+            worker, seed, _ = super().__getitem__(index)
+            return torch.tensor([worker, seed]), 0
+
+    config = TrainConfig(batch_size=2, seed=7, num_workers=2, progress=False)
+    seeds = [{tuple(x.tolist()) for X, _ in make_loader(SeedsWithLabels(8), config, 2, rank, 2)
+              for x in X} for rank in (0, 1)]
+    assert len(seeds[0]) == len(seeds[1]) == 2  # two workers per rank, one seed each
+    assert not seeds[0] & seeds[1]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/dev/shm is Linux's")
+def test_shared_memory_is_in_dev_shm_and_only_the_socket_follows_tmpdir(tmp_path):
+    report = ("import json; from course_lib.topics.pipeline import shared_memory_files; "
+              "print(json.dumps(shared_memory_files()))")
+    environment = {**os.environ, "TMPDIR": str(tmp_path)}
+    found = json.loads(subprocess.run([sys.executable, "-c", report], env=environment,
+                                      capture_output=True, text=True, check=True).stdout)
+    assert all(path.startswith("/dev/shm/torch_") for path in found["file_descriptor, open descriptor to"])
+    assert found["file_system, data file"].startswith("/dev/shm/torch_")
+    assert found["file_system, manager's socket"].startswith(str(tmp_path) + "/torch-shm-dir-")
+
+
+def test_sample_utilization_samples_while_the_function_runs(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "utilization", lambda device: 42)
+    result, samples = sample_utilization(lambda: time.sleep(0.35) or "done", "cuda:0", every=0.05)
+    assert result == "done" and len(samples) >= 3 and set(samples) == {42}

@@ -1,6 +1,9 @@
 """The input pipeline: a deliberately slow dataset, precomputed features, a prefetcher, and the
-share of a loop's time spent waiting for data (what workers and prefetching are there to hide).
+share of a loop's time spent waiting for data (what workers and prefetching are there to hide);
+also where shared tensors live, and the GPU's utilisation sampled while a function runs.
 """
+import os
+import threading
 import time
 
 import torch
@@ -142,3 +145,52 @@ class Prefetcher:
             return None
         with torch.cuda.stream(self.stream):  # non_blocking needs pinned memory to overlap
             return tuple(tensor.to(self.device, non_blocking=True) for tensor in batch)
+
+
+def shared_memory_files() -> dict:
+    """Where this process's shared tensors live, under each sharing strategy (Linux; run it in a
+    fresh process: it switches the strategy, and the manager starts once per process).
+
+    file_descriptor: the data is a shared-memory file, unlinked at once; the process keeps an open
+    descriptor to it. file_system: the data is a named file in shared memory, and a helper process
+    (torch_shm_manager), which deletes it when every user is gone, listens on a socket.
+    """
+    import torch.multiprocessing as mp
+    kept = torch.zeros(1024).share_memory_()  # file_descriptor, Linux's default
+    descriptors = [_link(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+    mp.set_sharing_strategy("file_system")
+    shared = torch.zeros(1024).share_memory_()
+    # What a pickled handle of this storage holds (torch/multiprocessing/reductions.py sends it).
+    manager_socket, name, _ = shared.untyped_storage()._share_filename_cpu_()
+    in_dev_shm = os.path.join("/dev/shm", name.decode().lstrip("/"))
+    found = {"file_descriptor, open descriptor to": [d for d in descriptors if "/torch_" in d],
+             "file_system, data file": in_dev_shm if os.path.exists(in_dev_shm) else name.decode(),
+             "file_system, manager's socket": manager_socket.decode()}
+    del kept, shared
+    return found
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed between listdir and readlink
+        return ""
+
+
+def sample_utilization(fn, device, every: float = 0.1):
+    """Run fn() while a thread samples torch.cuda.utilization(device) every `every` seconds
+    (NVML through the nvidia-ml-py package; amdsmi on ROCm). Returns (fn's result, samples in %)."""
+    samples, done = [], threading.Event()
+
+    def sample():
+        while not done.wait(every):
+            samples.append(torch.cuda.utilization(device))
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        watcher.join()
+    return result, samples

@@ -1,14 +1,17 @@
 """The pitfalls clinic's snippets: each broken version (``*_broken``) next to its reference fix,
-and `diagnosis`, which prints a failed run's error as the few lines that name the cause.
+`diagnosis`, which prints a failed run's error as the few lines that name the cause, and two
+probes: SyncBatchNorm's collectives on CPU ranks, and the seed each DataLoader worker starts from.
 """
+import contextlib
 import os
 import re
 import textwrap
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
 from ..runtime.tracebacks import notebook_friendly
 
@@ -119,3 +122,91 @@ def save_checkpoint(model: torch.nn.Module, path: str) -> None:
     if dist.get_rank() == 0:
         torch.save(model.state_dict(), path)
     dist.barrier()
+
+
+# -- 5. SyncBatchNorm's collectives, on the CPU -------------------------------------------------
+
+@contextlib.contextmanager
+def sync_batchnorm_on_cpu():
+    """Run torch's own SyncBatchNorm code (torch/nn/modules/_functions.py, with its collectives)
+    on CPU tensors, for counting and checking them on gloo. Not for training.
+
+    SyncBatchNorm refuses the CPU in its forward (a device check in nn/modules/batchnorm.py), and
+    five of the kernels it calls exist for GPUs only (`torch.batch_norm_stats` has no CPU kernel).
+    Inside this block the device check accepts "cpu" and those five kernels are replaced by the
+    reference arithmetic below; every collective is torch's, unchanged.
+    """
+    kernels = {"batch_norm_stats": _stats, "batch_norm_gather_stats_with_counts": _gather_stats,
+               "batch_norm_elemt": _normalise, "batch_norm_backward_reduce": _backward_reduce,
+               "batch_norm_backward_elemt": _backward_input}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch._C, "_get_privateuse1_backend_name",
+                                              lambda: "cpu"))
+        for name, kernel in kernels.items():
+            stack.enter_context(mock.patch.object(torch, name, kernel))
+        yield
+
+
+def _per_channel(tensor, x):
+    """A (C,) tensor shaped to broadcast over x's channel dimension, 1."""
+    return tensor.view(1, -1, *([1] * (x.dim() - 2)))
+
+
+def _sum_but_channel(x):
+    return x.sum(dim=[d for d in range(x.dim()) if d != 1])
+
+
+def _stats(x, eps):
+    count = x.numel() // x.size(1)
+    mean = _sum_but_channel(x) / count
+    variance = _sum_but_channel((x - _per_channel(mean, x)) ** 2) / count
+    return mean, (variance + eps).rsqrt()
+
+
+def _gather_stats(x, means, invstds, running_mean, running_var, momentum, eps, counts):
+    counts = counts.view(-1, 1).to(means.dtype)
+    total = counts.sum()
+    mean = (counts * means).sum(0) / total
+    variance = (counts * (invstds.pow(-2) - eps + (means - mean) ** 2)).sum(0) / total
+    if running_mean is not None:  # the unbiased variance, as BatchNorm keeps it
+        running_mean.mul_(1 - momentum).add_(momentum * mean)
+        running_var.mul_(1 - momentum).add_(momentum * variance * total / (total - 1))
+    return mean, (variance + eps).rsqrt()
+
+
+def _normalise(x, weight, bias, mean, invstd, eps):
+    y = (x - _per_channel(mean, x)) * _per_channel(invstd, x)
+    if weight is not None:
+        y = y * _per_channel(weight, x)
+    return y + _per_channel(bias, x) if bias is not None else y
+
+
+def _backward_reduce(grad_output, x, mean, invstd, weight, input_g, weight_g, bias_g):
+    sum_dy = _sum_but_channel(grad_output)
+    sum_dy_xmu = _sum_but_channel(grad_output * (x - _per_channel(mean, x)))
+    return sum_dy, sum_dy_xmu, sum_dy_xmu * invstd, sum_dy
+
+
+def _backward_input(grad_output, x, mean, invstd, weight, sum_dy, sum_dy_xmu, counts):
+    total = counts.sum()  # sum_dy and sum_dy_xmu arrive summed over all ranks
+    scale = invstd if weight is None else invstd * weight
+    xmu = x - _per_channel(mean, x)
+    return (grad_output - _per_channel(sum_dy / total, x)
+            - xmu * _per_channel(invstd ** 2 * sum_dy_xmu / total, x)) * _per_channel(scale, x)
+
+
+# -- 6. seeding: what each DataLoader worker starts from ----------------------------------------
+
+class WorkerSeed(Dataset):
+    """Item i: (which worker made it, that worker's torch seed, a random "augmentation" value it
+    drew). Lives here rather than in a notebook so that spawned workers can import it."""
+
+    def __init__(self, n_samples: int = 4):
+        self.n_samples = n_samples
+
+    def __len__(self) -> int:
+        return self.n_samples
+
+    def __getitem__(self, index):
+        worker = get_worker_info()  # None in the main process
+        return worker.id if worker else -1, torch.initial_seed(), torch.rand(()).item()

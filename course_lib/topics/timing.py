@@ -2,7 +2,11 @@
 
 CUDA kernels run asynchronously: without a synchronisation the clock only measures their launch.
 """
+import contextlib
+import os
 import statistics
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
@@ -52,3 +56,28 @@ def time_it(fn: Callable[[], object], repeats: int = 20, warmup: int = 3,
         elapsed = time.perf_counter() - start
         (timing.warmup_seconds if index < warmup else timing.seconds).append(elapsed)
     return timing
+
+
+@contextlib.contextmanager
+def drop_stderr_lines(prefix: str = "USDT:"):
+    """Hold back the lines that C++ code writes to this process's stderr (file descriptor 2)
+    while the block runs, and write out again every line that does not start with `prefix`.
+
+    Torch's profiler (Kineto) logs a line on fd 2 when it starts and one when it stops
+    ("USDT:... profiler_start"); Python's own sys.stderr is untouched.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not line.startswith(prefix))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
