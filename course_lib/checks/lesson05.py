@@ -5,7 +5,8 @@ global batch, and an accumulation loop that matches the large batch with one all
   number (any integer type), and a ValueError when it is not whole.
 - accumulation with no_sync: the weights after every optimizer step equal one process's on the
   whole global batch, with one DDP all-reduce per step, and the returned losses (numbers or 0-dim
-  tensors), one per step, average over the ranks to the large batch's loss.
+  tensors), one per step, are this rank's: the loss of its own share of each global batch (the
+  mean over its micro-batches), not the global batch's loss averaged over the ranks.
 
 The loop's grader runs your function on 2 gloo ranks (on the CPU, so it grades the same on a
 laptop and a GPU node), counts DDP's all-reduces with a comm hook, and compares the weights after
@@ -21,6 +22,7 @@ from torch.nn.utils import parameters_to_vector
 
 from .ranks import run_on_ranks
 from . import expect, expect_close, grader, wrong_answer
+from ..topics.accumulation import accumulate_with_no_sync
 from ..training.data import make_dataset
 from ..training.models import make_model
 
@@ -105,21 +107,25 @@ def grading_micro_batches(grad_accum_steps, steps, rank, world_size=WORLD_SIZE):
 
 
 def large_batch_run(grad_accum_steps, steps, world_size=WORLD_SIZE):
-    """The reference: one process, one optimizer step per global batch. Returns the loss and
-    the weights after every step."""
+    """The reference: one process, one optimizer step per global batch. Returns the loss, the
+    weights after every step, and each rank's loss on its share of every global batch."""
     model = make_model(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     global_batch_size = MICRO_BATCH_SIZE * grad_accum_steps * world_size
     X, y = make_dataset(steps * global_batch_size, seed=5).tensors
-    losses, weights = [], []
+    losses, weights, rank_losses = [], [], [[] for _ in range(world_size)]
     for X_global, y_global in zip(X.split(global_batch_size), y.split(global_batch_size)):
+        with torch.no_grad():  # rank r's share, dealt like DistributedSampler: i % world_size == r
+            for rank in range(world_size):
+                share = F.cross_entropy(model(X_global[rank::world_size]), y_global[rank::world_size])
+                rank_losses[rank].append(share.item())
         optimizer.zero_grad()
         loss = F.cross_entropy(model(X_global), y_global)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
         weights.append(parameters_to_vector(model.parameters()).detach().clone())
-    return losses, weights
+    return losses, weights, rank_losses
 
 
 def counting_all_reduces(ddp_model) -> list:
@@ -190,7 +196,7 @@ def check_train_with_accumulation(train_with_accumulation):
         _expect_steps(runs, steps, setting)
         _expect_large_batch_weights(runs, references[case][1], grad_accum_steps, setting)
         _expect_one_all_reduce_per_step(runs, grad_accum_steps, setting)
-        _expect_losses(runs, references[case][0], steps, setting)
+        _expect_losses(runs, references[case][0], references[case][2], steps, setting)
 
 
 def _expect_steps(runs, steps, setting):
@@ -243,36 +249,29 @@ def _expect_one_all_reduce_per_step(runs, grad_accum_steps, setting):
            "the last micro-batch of each step must run outside no_sync, or nothing is synced")
 
 
-def _expect_losses(runs, reference_losses, steps, setting):
+def _expect_losses(runs, reference_losses, rank_losses, steps, setting):
     for rank, run in enumerate(runs):
         losses = run["losses"]
         expect(isinstance(losses, list) and len(losses) == steps,
                f"the losses rank {rank} returned ({setting})",
                f"a list of {steps} numbers, one per optimizer step", str(losses)[:80],
                "append the step's loss after each optimizer step, and return the list")
-    mean_over_ranks = [sum(run["losses"][step] for run in runs) / len(runs) for step in range(steps)]
-    expect_close(mean_over_ranks, reference_losses,
-                 f"the losses averaged over the ranks ({setting})",
-                 "each step's loss on a rank is the mean over its micro-batches: add up "
-                 "loss.item() of the divided losses (loss / grad_accum_steps)", rtol=1e-4)
+    for rank, run in enumerate(runs):
+        if _all_close(run["losses"], reference_losses) and not _all_close(reference_losses,
+                                                                        rank_losses[rank]):
+            hint = ("these are the global batch's losses, the mean over the ranks: return this "
+                    "rank's own, without an all-reduce (averaging them is the caller's choice)")
+        else:
+            hint = ("each step's loss on a rank is the mean over its micro-batches: add up "
+                    "loss.item() of the divided losses (loss / grad_accum_steps)")
+        expect_close(run["losses"], rank_losses[rank],
+                     f"the losses rank {rank} returned ({setting}), one per optimizer step",
+                     hint, rtol=1e-4)
 
 
-def reference_train_with_accumulation(ddp_model, optimizer, micro_batches, grad_accum_steps):
-    """Train on this rank's micro-batches: one optimizer step, and one all-reduce, per
-    grad_accum_steps of them. Returns this rank's loss for every step."""
-    losses, step_loss = [], 0.0
-    for micro_step, (X, y) in enumerate(micro_batches):
-        is_last = (micro_step + 1) % grad_accum_steps == 0
-        with nullcontext() if is_last else ddp_model.no_sync():
-            loss = F.cross_entropy(ddp_model(X), y) / grad_accum_steps
-            loss.backward()
-        step_loss += loss.item()
-        if is_last:
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(step_loss)
-            step_loss = 0.0
-    return losses
+def _all_close(a, b) -> bool:
+    return torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64),
+                          rtol=1e-4, atol=1e-8)
 
 
 def _flawed(divide=True, sync_on="last", forward_outside_no_sync=False):
@@ -305,6 +304,14 @@ def _flawed(divide=True, sync_on="last", forward_outside_no_sync=False):
     return loop
 
 
+def _returns_the_global_loss(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    """Right training, but each step's loss all-reduced: the global batch's, not this rank's."""
+    losses = accumulate_with_no_sync(ddp_model, optimizer, micro_batches, grad_accum_steps)
+    global_losses = torch.tensor(losses)
+    dist.all_reduce(global_losses)
+    return (global_losses / dist.get_world_size()).tolist()
+
+
 def _loop_stub(ddp_model, optimizer, micro_batches, grad_accum_steps):
     raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
@@ -326,6 +333,8 @@ WRONG_ANSWERS = {
         wrong_answer("syncs and steps on the first micro-batch instead of the last",
                      _flawed(sync_on="first")),
         wrong_answer("no_sync on every micro-batch: never syncs", _flawed(sync_on="never")),
+        wrong_answer("returns the loss all-reduced over the ranks, not this rank's",
+                     _returns_the_global_loss),
         wrong_answer("the stub", _loop_stub),
     ],
 }

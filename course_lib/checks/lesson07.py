@@ -4,15 +4,18 @@ resume on 2 ranks (compared with an uninterrupted run), and keeping the last N c
 - atomic save: the state reaches `path` whole, through a temporary file next to it (same folder,
   so the rename is atomic), flushed and fsynced, then renamed over `path`; a crash at any step
   (half way through torch.save, at the fsync, at the rename) leaves the previous checkpoint whole.
-- resume exactly: a run on 2 ranks stopped after 3 steps, saved with your save_training_state
-  (rank 0 writes, the others wait until the file is there), rebuilt from scratch and loaded with
-  your load_training_state, then trained on, gives the uninterrupted run's losses and weights.
+- resume exactly: a run on 2 ranks saved with your save_training_state after 2 steps and again
+  after 3 (rank 0 writes, the others wait until the new file is there; had rank 0 died at any point
+  of the second save, path would still hold the first checkpoint whole), rebuilt from scratch and
+  loaded with your load_training_state, then trained on, gives the uninterrupted run's losses and
+  weights.
 - keep the last N: only the N `step_<number>.pt` files with the largest step numbers stay (by
   number, not by name or modification time); other files are left alone.
 
 The resume grader runs your save and load functions on 2 gloo ranks; the others run in this process.
 """
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -27,6 +30,8 @@ from torch.nn.utils import parameters_to_vector
 
 from .ranks import run_on_ranks
 from . import expect, expect_close, expect_equal, grader, wrong_answer
+from ..topics.crash_safety import SimulatedCrash, crash_half_way_through_torch_save
+from ..training.checkpoint import write_atomically
 from ..training.data import make_dataset
 from ..training.models import make_model
 
@@ -34,44 +39,11 @@ WORLD_SIZE = 2
 LAUNCH_TIMEOUT_S = 90
 
 
-class SimulatedCrash(BaseException):
-    """The process 'dies' here: a BaseException, so `except Exception` cleanup does not catch it."""
-
-
 # -- exercise 1: an atomic save ------------------------------------------------------------------
 
 def reference_atomic_save(state, path):
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-
-
-@contextlib.contextmanager
-def crash_half_way_through_torch_save():
-    """While active, torch.save writes half of the real bytes to its file, then the process 'dies'."""
-    real_save = torch.save
-
-    def crashing_save(obj, f, *args, **kwargs):
-        buffer = io.BytesIO()
-        real_save(obj, buffer, *args, **kwargs)
-        data = buffer.getvalue()
-        if isinstance(f, (str, os.PathLike)):
-            with open(f, "wb") as file:
-                file.write(data[: len(data) // 2])
-        else:
-            f.write(data[: len(data) // 2])
-            f.flush()
-        raise SimulatedCrash("the process died half way through torch.save")
-
-    torch.save = crashing_save
-    try:
-        yield
-    finally:
-        torch.save = real_save
+    """The exercise's answer: the library's write_atomically (temporary file, fsync, os.replace)."""
+    write_atomically(state, path)
 
 
 @contextlib.contextmanager
@@ -246,7 +218,7 @@ def _atomic_save_stub(state, path):
 
 # -- exercise 2: resume exactly, on 2 ranks ------------------------------------------------------
 
-STEPS, STOP_AT = 8, 3
+STEPS, FIRST_SAVE_AT, STOP_AT = 8, 2, 3
 BATCH_SIZE, LR, DROPOUT, SEED = 16, 0.01, 0.3, 100
 SLOW_SAVE_S = 0.5  # rank 0's torch.save takes this long: a rank that does not wait will notice
 
@@ -270,16 +242,6 @@ def train_steps(ddp_model, optimizer, X, y, steps):
     return losses
 
 
-def reference_save_training_state(path, ddp_model, optimizer, step):
-    rng_states = [None] * dist.get_world_size()
-    dist.all_gather_object(rng_states, torch.get_rng_state())
-    if dist.get_rank() == 0:
-        state = {"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                 "step": step, "rng": rng_states}
-        reference_atomic_save(state, path)
-    dist.barrier()
-
-
 def reference_load_training_state(path, model, optimizer):
     state = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])
@@ -288,28 +250,59 @@ def reference_load_training_state(path, model, optimizer):
     return state["step"]
 
 
+def _digest(path):
+    """A fingerprint of the file at `path` (None when there is none)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest(), os.path.getsize(path)
+    except FileNotFoundError:
+        return None
+
+
 @contextlib.contextmanager
-def _watched_saves(slow: bool):
-    """Count this rank's torch.save calls to files; on rank 0 (slow=True) each takes SLOW_SAVE_S longer."""
-    real_save, count = torch.save, [0]
+def _watched_save(path, on_rank0: bool):
+    """Count this rank's torch.save calls to files. On rank 0 each takes SLOW_SAVE_S longer, and the
+    file at `path` is fingerprinted wherever a crash could strike: half way through each torch.save
+    to a file, and before each os.fsync, os.replace and os.rename. Yields {"saves", "seen"}."""
+    real = {"save": torch.save, **{name: getattr(os, name) for name in ("fsync", "replace", "rename")}}
+    record = {"saves": 0, "seen": []}
+
+    def look(where):
+        if on_rank0:
+            record["seen"].append((where, _digest(path)))
 
     def watched_save(obj, f, *args, **kwargs):
-        if not isinstance(f, io.BytesIO):  # pickling a tensor (all_gather_object) saves to memory
-            count[0] += 1
-            if slow:
+        if isinstance(f, io.BytesIO):  # pickling a tensor (all_gather_object) saves to memory
+            return real["save"](obj, f, *args, **kwargs)
+        record["saves"] += 1
+        buffer = io.BytesIO()
+        real["save"](obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        with open(f, "wb") if isinstance(f, (str, os.PathLike)) else contextlib.nullcontext(f) as file:
+            file.write(data[: len(data) // 2])
+            file.flush()
+            look("half way through torch.save")
+            if on_rank0:
                 time.sleep(SLOW_SAVE_S)
-        return real_save(obj, f, *args, **kwargs)
+            file.write(data[len(data) // 2:])
+
+    def watched(name):
+        def call(*args, **kwargs):
+            look(f"at os.{name}")
+            return real[name](*args, **kwargs)
+        return call
 
     torch.save = watched_save
+    os.fsync, os.replace, os.rename = watched("fsync"), watched("replace"), watched("rename")
     try:
-        yield count
+        yield record
     finally:
-        torch.save = real_save
+        torch.save = real["save"]
+        os.fsync, os.replace, os.rename = real["fsync"], real["replace"], real["rename"]
 
 
 def _resume_on_rank(save_training_state, load_training_state, path):
-    """An uninterrupted run, then the same run stopped after STOP_AT steps, saved, rebuilt from
-    scratch (reseeded as a new process would be), loaded and trained to the end."""
+    """An uninterrupted run, then the same run saved after FIRST_SAVE_AT and STOP_AT steps, rebuilt
+    from scratch (reseeded as a new process would be), loaded and trained to the end."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = dist.get_rank()
@@ -322,19 +315,29 @@ def _resume_on_rank(save_training_state, load_training_state, path):
     torch.manual_seed(SEED + rank)
     model, optimizer = build_training()
     ddp_model = DDP(model)
-    losses = train_steps(ddp_model, optimizer, X, y, STOP_AT)
-    with _watched_saves(slow=rank == 0) as saves:
-        save_training_state(path, ddp_model, optimizer, STOP_AT)
-    on_disk_when_save_returned = os.path.exists(path)
+    losses = train_steps(ddp_model, optimizer, X, y, FIRST_SAVE_AT)
+    save_training_state(path, ddp_model, optimizer, FIRST_SAVE_AT)  # the previous checkpoint
     dist.barrier()  # the grader's own, so the rest runs whatever the save did
+    previous = _digest(path)
+    losses += train_steps(ddp_model, optimizer, X, y, STOP_AT - FIRST_SAVE_AT)
+    with _watched_save(path, on_rank0=rank == 0) as watch:
+        save_training_state(path, ddp_model, optimizer, STOP_AT)
+    when_save_returned = _digest(path)
+    dist.barrier()
+    final = _digest(path)
 
     torch.manual_seed(SEED + rank)  # a new process runs the script from the top
     model, optimizer = build_training()
     step = load_training_state(path, model, optimizer)
     losses += train_steps(DDP(model), optimizer, X, y, STEPS - STOP_AT)
+    seen = [(where, "the previous checkpoint" if digest == previous else "the new checkpoint"
+             if digest == final else "no file" if digest is None else f"{digest[1]} bytes that are "
+             f"neither checkpoint (half written: the new one has {final[1] if final else 0})")
+            for where, digest in watch["seen"]]
     return {"expected": expected, "expected_weights": expected_weights, "losses": losses,
             "weights": parameters_to_vector(model.parameters()).detach().clone(),
-            "saves": saves[0], "on_disk": on_disk_when_save_returned, "step": step}
+            "saves": watch["saves"], "seen": seen, "step": step,
+            "on_disk": when_save_returned is not None and when_save_returned == final != previous}
 
 
 def _run_on_ranks(fn, *args, what: str):
@@ -408,17 +411,30 @@ def check_resume(save_training_state, load_training_state):
                    "rank 0 writes the checkpoint (the state is the same on every rank); the "
                    "others only take part in the collectives")
             expect(result["on_disk"], f"the checkpoint when save_training_state returned on rank "
-                   f"{rank}", "on disk", "not there yet",
+                   f"{rank}", "the new checkpoint, on disk", "not there yet",
                    "after rank 0's save, call dist.barrier() on every rank, so no rank goes on "
                    "(or loads) before the file is written")
             expect_equal(result["step"], STOP_AT, f"the step load_training_state returned on rank "
                          f"{rank}", "return the step you saved")
+        _expect_previous_checkpoint_survives(results[0]["seen"])
         for rank, result in enumerate(results):
             expect_close(result["losses"], result["expected"],
                          f"rank {rank}'s losses, {STOP_AT} steps + resume + {STEPS - STOP_AT} steps",
                          _diagnose(path), rtol=1e-6, atol=1e-7)
             expect_close(result["weights"], result["expected_weights"],
                          f"rank {rank}'s final weights", _diagnose(path), rtol=1e-6, atol=1e-7)
+
+
+def _expect_previous_checkpoint_survives(seen):
+    """Had rank 0 died anywhere in the save at STOP_AT, path must hold the step-FIRST_SAVE_AT
+    checkpoint, or the new one once renamed over it: never half a file, never no file."""
+    for where, found in seen:
+        expect(found in ("the previous checkpoint", "the new checkpoint"),
+               f"the file at path, had rank 0 crashed {where} while saving step {STOP_AT}",
+               f"the previous checkpoint (step {FIRST_SAVE_AT}), whole", found,
+               "write the checkpoint with write_atomically(state, path): torch.save into a "
+               "temporary file next to path, then os.replace it over path. Writing path itself "
+               "destroys the previous checkpoint the moment the save starts")
 
 
 def _gathered_rng():
@@ -494,6 +510,14 @@ def _save_without_barrier(path, ddp_model, optimizer, step):
                                "optimizer": optimizer.state_dict()}, path)
 
 
+def _save_straight_to_path(path, ddp_model, optimizer, step):
+    rng = _gathered_rng()
+    if dist.get_rank() == 0:  # right state, but torch.save truncates path first: not write_atomically
+        torch.save({"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                    "step": step, "rng": rng}, path)
+    dist.barrier()
+
+
 def _load_after_waiting(path, model, optimizer):
     while not os.path.exists(path):  # the grader's barrier already waited; this never spins
         time.sleep(0.01)
@@ -509,13 +533,6 @@ def _resume_stub(*args):
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 SAVED_STEPS = [2, 9, 10, 11, 100, 101]
 OTHER_FILES = [".step_102.pt.tmp", "config.json", "step_7.pt.old"]
-
-
-def reference_prune_checkpoints(directory, keep_last):
-    found = sorted((int(match.group(1)), path) for path in Path(directory).iterdir()
-                   if (match := CHECKPOINT_NAME.match(path.name)))
-    for _, path in found[: max(len(found) - keep_last, 0)]:
-        path.unlink()
 
 
 def _make_folder(directory):
@@ -600,6 +617,9 @@ WRONG_ANSWERS = {
         wrong_answer("every rank writes a file", _save_on_every_rank,
                      reference_load_training_state),
         wrong_answer("no barrier after rank 0's save", _save_without_barrier, _load_after_waiting),
+        wrong_answer("rank 0 torch.saves straight to the path instead of write_atomically: a "
+                     "crash mid-save destroys the previous checkpoint", _save_straight_to_path,
+                     reference_load_training_state),
         wrong_answer("the lesson's stubs", _resume_stub, _resume_stub),
     ],
     check_prune_checkpoints: [

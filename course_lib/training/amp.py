@@ -1,12 +1,37 @@
-"""Mixed precision for the trainer: autocast, the fp16 GradScaler, and the errors that guard them.
+"""Mixed precision for the trainer: autocast, the fp16 GradScaler, the choice by device, and the
+errors that guard them.
 
-fp16 needs CUDA and a GradScaler (unscale before clipping, overflowed steps skipped); bf16 needs neither.
+bf16 needs no scaler; fp16 needs CUDA and a GradScaler (unscale before clipping, overflowed steps
+skipped). amp="auto" picks by the device's capability: bf16 on the CPU and on CUDA GPUs that run it
+natively (compute capability 8.0+: A100, H100, H200), fp16 with a GradScaler on older CUDA GPUs.
 """
 from contextlib import nullcontext
 
 import torch
 
-AMP_MODES = (None, "fp16", "bf16")
+AMP_MODES = (None, "auto", "fp16", "bf16")
+
+
+def has_native_bf16(device: torch.device) -> bool:
+    """Whether `device` runs bf16 math in hardware: the CPU (autocast's CPU dtype), a ROCm GPU, or
+    a CUDA GPU of compute capability 8.0 or newer (Ampere). The test is
+    torch.cuda.is_bf16_supported(including_emulation=False), for this device rather than the current
+    one; without `including_emulation=False` it answers True on older GPUs too, which emulate bf16 slowly."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type == "cpu"
+    if torch.version.hip:
+        return True
+    return tuple(torch.cuda.get_device_capability(device)) >= (8, 0)
+
+
+def choose_amp(device: torch.device) -> str:
+    """The amp mode for `device`: "bf16" (no scaler) where it runs natively, "fp16" (with a
+    GradScaler) on CUDA GPUs before Ampere, whose tensor cores (Volta, Turing) take fp16 only."""
+    device = torch.device(device)
+    if device.type == "cuda" and not has_native_bf16(device):
+        return "fp16"
+    return "bf16"
 
 
 class Precision:
@@ -15,11 +40,11 @@ class Precision:
     def __init__(self, amp, device: torch.device, model: torch.nn.Module):
         if amp not in AMP_MODES:
             raise ValueError(f"amp={amp!r} is not one of {AMP_MODES}")
-        self.amp = amp
+        self.amp = choose_amp(device) if amp == "auto" else amp  # "fp16", "bf16" or None from here
         self.device_type = device.type
         self.skipped_steps = 0
         self.scaler = None
-        if amp == "fp16":
+        if self.amp == "fp16":
             _check_fp16(device, model)
             self.scaler = torch.amp.GradScaler("cuda")
 
@@ -64,7 +89,8 @@ def _check_fp16(device: torch.device, model: torch.nn.Module) -> None:
     if device.type != "cuda":
         raise ValueError(
             f"amp='fp16' needs a CUDA device (the course's fp16 recipe: autocast with a GradScaler, "
-            f"for GPUs), but the model is on {device}; use amp='bf16', which needs no scaler, or amp=None")
+            f"for CUDA GPUs without native bf16), but the model is on {device}; use amp='bf16', "
+            f"which needs no scaler, amp='auto', or amp=None")
     half = sorted({str(p.dtype) for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)})
     if half:
         raise ValueError(
