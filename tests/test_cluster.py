@@ -87,6 +87,14 @@ def test_run_nodes_collects_each_nodes_output_and_exit_code():
     assert runs[0].lines("node") == ["node a"] and runs[1].output == "node b\n"
 
 
+def test_run_nodes_sets_one_thread_unless_env_replaces_or_removes_it(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    show = [sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS'))"]
+    assert run_nodes([show], timeout=60)[0].output == "1\n"
+    assert run_nodes([show], timeout=60, env={"OMP_NUM_THREADS": "4"})[0].output == "4\n"
+    assert run_nodes([show], timeout=60, env={"OMP_NUM_THREADS": None})[0].output == "None\n"
+
+
 def test_lines_printed_at_once_by_the_processes_of_a_node_stay_whole(monkeypatch):
     # one node whose four processes print many lines at the same moment into the node's pipe;
     # a learner's (or CI's) PYTHONUNBUFFERED must not split a line in two writes

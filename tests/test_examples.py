@@ -65,3 +65,33 @@ def test_the_train_cli_under_torchrun_ends_glooS_threads_before_python_exits(tmp
                                          "code = main(['--samples', '64', '--epochs', '1', "
                                          "'--batch-size', '8', '--no-progress'])")
     assert lines == [f"rank {rank}: main() returned 0; gloo threads left: []" for rank in (0, 1)]
+
+
+def uninterrupted_losses():
+    from course_lib import TrainConfig, Trainer, make_dataset, make_model
+
+    config = TrainConfig(strategy="ddp", batch_size=16, max_steps=10, progress=False, seed=0)
+    return Trainer(make_model(seed=0), make_dataset(512), config).fit().losses
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_elastic_train_crashes_once_restarts_and_resumes_to_the_same_losses(tmp_path):
+    # lesson 12, section 5, on one node: rank 1 dies in step 7, torchrun restarts both ranks,
+    # which resume from the step-4 checkpoint and end with the losses of a run without a crash
+    import json
+
+    from course_lib import launch
+    from course_lib.topics.cluster import free_port, run_nodes, torchrun_command
+
+    command = torchrun_command(["-m", "course_lib.examples.elastic_train"], nproc_per_node=2,
+                               rdzv="c10d", endpoint=f"127.0.0.1:{free_port()}", max_restarts=1)
+    (run,) = run_nodes([command], timeout=TIMEOUT, cwd=tmp_path,
+                       env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                            "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))})
+    assert run.returncode == 0, run.output[-3000:]
+    assert "[rank 1] crashing in step 7" in run.output and (tmp_path / "crashed_once").exists()
+    assert sorted(run.lines("[rank 0] starting")) == ["[rank 0] starting at step 0",
+                                                      "[rank 0] starting at step 4"]
+    restarted = json.loads((tmp_path / "losses.json").read_text())
+    expected = launch(uninterrupted_losses, nprocs=2, backend="gloo", timeout=120, output="none")[0]
+    assert restarted == expected

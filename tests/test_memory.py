@@ -9,7 +9,7 @@ from course_lib import launch
 from course_lib.training.data import make_dataset
 from course_lib.topics.memory import (GiB, OPTIMIZERS, PRECISIONS, MemoryBreakdown, SavedActivations,
                                bytes_per_parameter, distinct_bytes, estimate_memory,
-                               measure_model_state, measure_training_step,
+                               measure_model_state, measure_training_step, read_oom_message,
                                transformer_activation_bytes)
 from course_lib.training.models import make_model
 
@@ -35,6 +35,19 @@ def test_bytes_per_parameter(optimizer, precision, expected):
             per_parameter["optimizer_state"]) == expected
 
 
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_fsdp_mixed_precision_keeps_fp32_shards_and_no_master_copy(optimizer):
+    # FSDP2's MixedPrecisionPolicy: the fp32 sharded parameter is the optimizer's, its gradient
+    # fp32; ZeRO's layout puts the same 4 bytes of fp32 weights in the optimizer state instead
+    fsdp = bytes_per_parameter(optimizer, "bf16-mixed", "fsdp")
+    zero = bytes_per_parameter(optimizer, "bf16-mixed", "zero3")
+    assert (fsdp["parameters"], fsdp["gradients"]) == (4, 4)
+    assert fsdp["optimizer_state"] == zero["optimizer_state"] - 4
+    assert sum(fsdp.values()) == sum(zero.values())
+    for precision in ("fp32", "bf16"):  # no master copy to move: the same layout
+        assert bytes_per_parameter(optimizer, precision, "fsdp") == bytes_per_parameter(optimizer, precision)
+
+
 def test_bad_recipes_say_what_to_use():
     with pytest.raises(ValueError, match="precision='fp16'"):
         bytes_per_parameter("adam", "fp16")
@@ -44,6 +57,8 @@ def test_bad_recipes_say_what_to_use():
         estimate_memory(10, strategy="zero4")
     with pytest.raises(ValueError, match="world_size=0"):
         estimate_memory(10, strategy="zero3", world_size=0)
+    with pytest.raises(ValueError, match="strategy='fsdp1'"):
+        bytes_per_parameter("adam", "bf16-mixed", "fsdp1")
 
 
 @pytest.mark.parametrize("strategy, per_rank_bytes", [
@@ -80,6 +95,11 @@ def test_transformer_activations_grow_with_the_batch_and_shrink_with_checkpointi
     assert transformer_activation_bytes(batch_size=4, **shape) == 4 * one
     assert one == 32 * 2048 * 4096 * 34
     assert transformer_activation_bytes(1, flash_attention=False, **shape) > one
+    # the published formula, sbh(34 + 5as/h) per layer, for lesson 11's 8.4 B model: ~121 GiB
+    published = transformer_activation_bytes(1, 4096, 4096, 40, 32, flash_attention=False)
+    assert published == 40 * 4096 * 4096 * (34 + 5 * 32 * 4096 // 4096)
+    assert round(published / GiB) == 121
+    assert round(transformer_activation_bytes(1, 4096, 4096, 40, 32) / GiB, 1) == 21.2
     assert transformer_activation_bytes(1, checkpointing=True, **shape) < one / 5
 
 
@@ -139,29 +159,36 @@ def test_saved_activations_see_checkpointing_drop_the_insides():
     assert checkpointed == 4 * 64 * 4 * 32 + 4 * 64 * 32  # the blocks' inputs only
 
 
-def sharded_state_on_each_rank():
+def fsdp_step(X, y, mp_policy):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    X, y = make_dataset(16, seed=dist.get_rank()).tensors
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     fsdp_model = make_model(seed=0, hidden=HIDDEN)
     for layer in fsdp_model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(fsdp_model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(fsdp_model, mesh=mesh, mp_policy=mp_policy)
     fsdp_optimizer = torch.optim.Adam(fsdp_model.parameters())
     F.cross_entropy(fsdp_model(X), y).backward()
     fsdp_optimizer.step()
+    return measure_model_state(fsdp_model, fsdp_optimizer)
+
+
+def sharded_state_on_each_rank():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    X, y = make_dataset(16, seed=dist.get_rank()).tensors
+    fsdp = fsdp_step(X, y, MixedPrecisionPolicy())
+    fsdp_bf16 = fsdp_step(X, y, MixedPrecisionPolicy(param_dtype=torch.bfloat16))
     zero1_model = DDP(make_model(seed=0, hidden=HIDDEN))
     zero1_optimizer = ZeroRedundancyOptimizer(zero1_model.parameters(),
                                               optimizer_class=torch.optim.Adam)
     F.cross_entropy(zero1_model(X), y).backward()
     zero1_optimizer.step()
-    return (measure_model_state(fsdp_model, fsdp_optimizer),
-            measure_model_state(zero1_model, zero1_optimizer))
+    return fsdp, measure_model_state(zero1_model, zero1_optimizer), fsdp_bf16
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
@@ -169,10 +196,43 @@ def test_fsdp_and_zero1_shards_are_counted_per_rank():
     per_rank = launch(sharded_state_on_each_rank, nprocs=2, backend="gloo",
                       timeout=LAUNCH_TIMEOUT, output="none")
     estimate = estimate_memory(N_PARAMETERS, "adam", "fp32", "fsdp", world_size=2)
-    for fsdp, zero1 in per_rank:
+    mixed = estimate_memory(N_PARAMETERS, "adam", "bf16-mixed", "fsdp", world_size=2)
+    for fsdp, zero1, fsdp_bf16 in per_rank:
         assert (fsdp.parameters, fsdp.gradients) == (estimate.parameters, estimate.gradients)
         assert fsdp.optimizer_state == estimate.optimizer_state + 4 * 4  # + Adam's step counters
         assert zero1.parameters == zero1.gradients == 4 * N_PARAMETERS  # replicated
+        # bf16 compute, but what stays between steps is fp32 and sharded, as FSDP's docstring says
+        assert (fsdp_bf16.parameters, fsdp_bf16.gradients) == (mixed.parameters, mixed.gradients)
+        assert fsdp_bf16.optimizer_state == mixed.optimizer_state + 4 * 4
     # ZeroRedundancyOptimizer splits whole tensors: together the ranks hold Adam's state once
-    state_values = sum(zero1.optimizer_state for _, zero1 in per_rank) - 4 * 4
+    state_values = sum(zero1.optimizer_state for _, zero1, _ in per_rank) - 4 * 4
     assert state_values == 8 * N_PARAMETERS
+
+
+def test_read_oom_message_reads_the_allocators_sizes_and_points_to_the_cause():
+    # the sentences of c10/cuda/CUDACachingAllocator.cpp's message, sizes as its format_size writes them
+    def message(requested, free, process, allocated, unallocated, others=""):
+        return (f"CUDA out of memory. Tried to allocate {requested}. GPU 0 has a total capacity of "
+                f"79.19 GiB of which {free} is free. {others}Including non-PyTorch memory, this process "
+                f"has {process} memory in use. Of the allocated memory {allocated} is allocated "
+                f"by PyTorch, and {unallocated} is reserved by PyTorch but unallocated. If "
+                f"reserved but unallocated memory is large try setting "
+                f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+
+    report = read_oom_message(message("2.00 GiB", "1.06 GiB", "78.12 GiB", "71.50 GiB", "5.97 GiB"))
+    assert report.requested == 2 * GiB and report.reserved_unallocated == round(5.97 * GiB)
+    assert report.this_process == round(78.12 * GiB)
+    assert "fragmentation" in report.diagnosis
+    assert "fill the GPU" in read_oom_message(
+        message("2.00 GiB", "1.06 GiB", "78.12 GiB", "77.30 GiB", "176.00 MiB")).diagnosis
+    others = "Process 4242 has 30.00 GiB memory in use. Process 4343 has 8.00 GiB memory in use. "
+    crowded = read_oom_message(message("2.00 GiB", "1.06 GiB", "40.00 GiB", "39.30 GiB",
+                                       "176.00 MiB", others))
+    assert crowded.other_processes == 38 * GiB and "other processes" in crowded.diagnosis
+    assert "larger than the whole GPU" in read_oom_message(
+        message("120.00 GiB", "70.00 GiB", "9.00 GiB", "8.50 GiB", "0 bytes")).diagnosis
+    without_nvml = message("2.00 GiB", "1.06 GiB", "1", "71.50 GiB", "5.97 GiB").replace(
+        "Including non-PyTorch memory, this process has 1 memory in use. ", "")
+    assert read_oom_message(without_nvml).this_process is None
+    with pytest.raises(ValueError, match="not a CUDA out-of-memory message"):
+        read_oom_message("RuntimeError: CUDA error: an illegal memory access was encountered")

@@ -11,21 +11,15 @@ The references are course_lib.topics.memory's estimator, so the lesson and its g
 """
 import math
 import numbers
-from collections import namedtuple
 
 import torch
 
 from . import GradingError, expect, expect_close, grader, wrong_answer
-from ..topics.memory import GiB, estimate_memory
+from ..topics.memory import RECIPES, GiB, Recipe, estimate_memory, fitting_recipes
 
 STAGE_STRATEGIES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-MIXED_ADAM_BYTES = 16  # bf16 weights 2 + bf16 gradients 2 + fp32 master 4 + Adam's two fp32 values 8
-
-Recipe = namedtuple("Recipe", "precision optimizer strategy")
-RECIPES = [Recipe(precision, optimizer, strategy)
-           for precision in ("fp32", "bf16-mixed", "bf16")
-           for optimizer in ("adam", "adam-8bit")
-           for strategy in ("ddp", "zero1", "zero2", "zero3")]
+# The ZeRO paper's layout: bf16 weights 2 + bf16 gradients 2 + fp32 master 4 + Adam's two fp32 values 8
+MIXED_ADAM_BYTES = 16
 
 
 # -- exercise 1: bytes per parameter under ZeRO --------------------------------------------------
@@ -171,9 +165,7 @@ FIT_CASES = [  # (n_parameters, gpu_memory_bytes, world_size, activation_bytes)
 
 
 def reference_recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return [recipe for recipe in RECIPES
-            if estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
-                               world_size, activation_bytes).fits(gpu_memory_bytes)]
+    return fitting_recipes(n_parameters, gpu_memory_bytes, world_size, activation_bytes, RECIPES)
 
 
 @grader("which recipes fit")

@@ -121,13 +121,17 @@ def run_nodes(commands, timeout: float, cwd=None, env=None) -> list:
     process group (torchrun then stops its workers), then SIGKILL to the group and to every
     process below it, by pid (torchrun's workers run in sessions of their own, outside the
     group). No agent or worker survives; a timeout raises TimeoutError.
+
+    Every node runs with OMP_NUM_THREADS=1 unless `env` says otherwise; `env` adds or replaces
+    variables, and a value of None removes one (to see what torchrun does when it is unset).
     """
     # Buffered output, as Python's default: print(..., flush=True) then writes its line in one go.
     # Unbuffered, the text and its newline are two writes, and two processes that print at the
     # same moment share the pipe: "a ...b ..." on one line. (torchrun starts its workers with
     # `python -u` whatever we set: scripts it runs print each line as one string, see lesson 12.)
     inherited = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
+    env = {name: value for name, value in {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}.items()
+           if value is not None}
     processes = []
     try:
         for command in commands:

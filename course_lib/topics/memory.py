@@ -1,11 +1,14 @@
 """Memory per rank: an estimator (parameters, gradients, optimizer state, activations) for a
-training recipe, and its measured counterpart (tensor bytes on CPU, peak allocation on GPU).
+training recipe, its measured counterpart (tensor bytes on CPU, peak allocation on GPU), and a
+reader for the CUDA caching allocator's out-of-memory message.
 
 The estimator counts what every rank keeps; the CUDA context, the allocator's rounding and
 fragmentation, communication buffers and temporary tensors come on top (leave headroom).
 """
 import math
+import re
 import weakref
+from collections import namedtuple
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -26,7 +29,7 @@ _SHARDED = {
     "zero1": ("optimizer_state",),
     "zero2": ("optimizer_state", "gradients"),
     "zero3": ("optimizer_state", "gradients", "parameters"),
-    "fsdp": ("optimizer_state", "gradients", "parameters"),  # FSDP is ZeRO-3 in PyTorch
+    "fsdp": ("optimizer_state", "gradients", "parameters"),  # shards as ZeRO-3 (bytes: see below)
 }
 
 
@@ -62,13 +65,19 @@ class MemoryBreakdown:
         return "\n".join(lines)
 
 
-def bytes_per_parameter(optimizer: str = "adam", precision: str = "fp32") -> dict:
+def bytes_per_parameter(optimizer: str = "adam", precision: str = "fp32",
+                        strategy: str = "ddp") -> dict:
     """Bytes per parameter before sharding: {"parameters", "gradients", "optimizer_state"}.
 
     - "fp32": fp32 weights, gradients and optimizer state. (torch.autocast keeps this layout:
       only the activations are bf16.)
-    - "bf16-mixed": bf16 weights and gradients; the optimizer keeps an fp32 master copy of the
-      weights (4 bytes) next to its fp32 state.
+    - "bf16-mixed": bf16 compute, fp32 weights for the optimizer, fp32 optimizer state. Where
+      the bytes sit depends on the strategy. DDP and ZeRO-1/2/3 here use the ZeRO paper's layout
+      (DeepSpeed): bf16 weights (2) and gradients (2), the fp32 master copy (4) kept with the
+      optimizer state. "fsdp" is FSDP2's MixedPrecisionPolicy: the sharded parameter stays fp32
+      and is the optimizer's parameter, its gradient is fp32, and bf16 copies exist only while
+      a layer is gathered (not counted): 4 + 4 + state, the same total. (Megatron-LM keeps fp32
+      gradients next to bf16 weights: 2 more bytes; not modelled here.)
     - "bf16": everything bf16, no master copy (cheapest; small updates can round away).
     - "adam-8bit" keeps its two values in 1 byte each (block scales ignored: ~0.004 B/param).
     """
@@ -76,13 +85,18 @@ def bytes_per_parameter(optimizer: str = "adam", precision: str = "fp32") -> dic
         raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}: use one of {OPTIMIZERS}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}: use one of {STRATEGIES}")
     weight_bytes = 4 if precision == "fp32" else 2
     state_value_bytes = 1 if optimizer == "adam-8bit" else weight_bytes
     if precision == "bf16-mixed" and optimizer != "adam-8bit":
-        state_value_bytes = 4  # the optimizer runs in fp32 on the master copy
+        state_value_bytes = 4  # the optimizer runs in fp32 on the fp32 weights
+    state = _STATE_VALUES[optimizer] * state_value_bytes
+    if precision == "bf16-mixed" and strategy == "fsdp":  # the fp32 shard is the optimizer's
+        return {"parameters": 4, "gradients": 4, "optimizer_state": state}
     master_copy = 4 if precision == "bf16-mixed" else 0
     return {"parameters": weight_bytes, "gradients": weight_bytes,
-            "optimizer_state": master_copy + _STATE_VALUES[optimizer] * state_value_bytes}
+            "optimizer_state": master_copy + state}
 
 
 def estimate_memory(n_parameters: int, optimizer: str = "adam", precision: str = "fp32",
@@ -102,20 +116,39 @@ def estimate_memory(n_parameters: int, optimizer: str = "adam", precision: str =
     if n_parameters < 0 or activation_bytes < 0:
         raise ValueError("n_parameters and activation_bytes cannot be negative")
     shard = math.ceil(n_parameters / world_size)
-    per_parameter = bytes_per_parameter(optimizer, precision)
+    per_parameter = bytes_per_parameter(optimizer, precision, strategy)
     held = {kind: per_parameter[kind] * (shard if kind in _SHARDED[strategy] else n_parameters)
             for kind in per_parameter}
     return MemoryBreakdown(activations=int(activation_bytes), **held)
 
 
+Recipe = namedtuple("Recipe", "precision optimizer strategy")
+# Lesson 11's ways to train a large model: a precision, an optimizer, a ZeRO stage (0 = DDP).
+RECIPES = [Recipe(precision, optimizer, strategy)
+           for precision in PRECISIONS
+           for optimizer in ("adam", "adam-8bit")
+           for strategy in ("ddp", "zero1", "zero2", "zero3")]
+
+
+def fitting_recipes(n_parameters: int, gpu_memory_bytes: int, world_size: int,
+                    activation_bytes: int = 0, recipes=RECIPES) -> list:
+    """The recipes, in their order, whose estimate for one rank fits in `gpu_memory_bytes`."""
+    return [recipe for recipe in recipes
+            if estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
+                               world_size, activation_bytes).fits(gpu_memory_bytes)]
+
+
 def transformer_activation_bytes(batch_size: int, seq_len: int, hidden: int, n_layers: int,
                                  n_heads: int, checkpointing: bool = False,
                                  flash_attention: bool = True) -> int:
-    """A rough estimate of a transformer's saved activations with 16-bit values, after
-    Korthikanti et al. (2022): s*b*h*(34 + 5*a*s/h) bytes per layer, where the 5*a*s/h term is
-    the attention scores (a fused flash attention does not keep them). With every layer
-    checkpointed, each layer keeps its 16-bit input (2*s*b*h) and one layer at a time is
-    recomputed in full during the backward pass."""
+    """A transformer's saved activations with 16-bit values, after Korthikanti et al. (2022,
+    arXiv:2205.05198): s*b*h*(34 + 5*a*s/h) bytes per layer. The 5*a*s/h term is the attention
+    scores, a*s*s values per sample kept three times (softmax output and dropout output in
+    2 bytes, the dropout mask in 1). A fused attention (flash attention, the fused kernels of
+    scaled_dot_product_attention) never stores them: the default, flash_attention=True, drops
+    the term; flash_attention=False is the published formula.
+    With every layer checkpointed, each layer keeps its 16-bit input (2*s*b*h) and one layer at
+    a time is recomputed in full during the backward pass."""
     scores = 0 if flash_attention else 5 * n_heads * seq_len / hidden
     per_layer = seq_len * batch_size * hidden * (34 + scores)
     if checkpointing:
@@ -250,3 +283,62 @@ def measure_training_step(model: torch.nn.Module, optimizer, X: torch.Tensor, y:
         torch.cuda.synchronize(device)
         peak = int(torch.cuda.max_memory_allocated(device))
     return measure_model_state(model, optimizer, activation_bytes, peak)
+
+
+# -- the CUDA caching allocator's out-of-memory message ------------------------------------------
+
+_SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB)"  # as the allocator's format_size writes sizes
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+_OOM_PARTS = {  # the sentences of DeviceCachingAllocator::malloc's message
+    "requested": rf"Tried to allocate {_SIZE}",
+    "total": rf"has a total capacity of {_SIZE}",
+    "free": rf"of which {_SIZE} is free",
+    "allocated": rf"Of the allocated memory {_SIZE} is allocated by PyTorch",
+    "reserved_unallocated": rf"and {_SIZE} is reserved by PyTorch but unallocated",
+}
+_THIS_PROCESS = rf"Including non-PyTorch memory, this process has {_SIZE} memory in use"  # NVML
+_OTHER_PROCESS = rf"Process \d+ has {_SIZE} memory in use"
+
+
+@dataclass(frozen=True)
+class OutOfMemoryReport:
+    """The numbers of a torch.OutOfMemoryError from CUDA, in bytes, and what they point to."""
+
+    requested: int  # the segment the allocator asked CUDA for (a 3 MiB tensor asks for 20 MiB)
+    total: int
+    free: int
+    allocated: int  # in live tensors of this process
+    reserved_unallocated: int  # cached by this process's allocator, in no tensor
+    this_process: Optional[int] = None  # all this process holds, CUDA context included (NVML)
+    other_processes: int = 0  # what the other processes on this GPU hold (NVML)
+
+    @property
+    def diagnosis(self) -> str:
+        if self.requested > self.total:
+            return "one allocation larger than the whole GPU: make the tensor smaller"
+        if self.reserved_unallocated >= self.requested:
+            return ("fragmentation: the cache holds more than the request, but in pieces; "
+                    "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        if self.other_processes >= self.requested:
+            return (f"other processes hold {self.other_processes / GiB:.2f} GiB of this GPU: "
+                    "another job, or a rank of yours on the wrong device")
+        return ("the tensors fill the GPU: smaller micro-batch, activation checkpointing, "
+                "bf16, or shard with ZeRO/FSDP")
+
+
+def read_oom_message(message: str) -> OutOfMemoryReport:
+    """Read the sizes out of a CUDA out-of-memory message (str(error) of torch.OutOfMemoryError)."""
+    message = " ".join(message.split())  # whatever the line breaks
+
+    def size(found):
+        return round(float(found[0]) * _UNITS[found[1]])
+
+    sizes = {}
+    for name, pattern in _OOM_PARTS.items():
+        found = re.search(pattern, message)
+        if not found:
+            raise ValueError(f"not a CUDA out-of-memory message: no {name!r} in it")
+        sizes[name] = size(found.groups())
+    this_process = re.search(_THIS_PROCESS, message)  # absent where NVML is
+    return OutOfMemoryReport(**sizes, this_process=size(this_process.groups()) if this_process else None,
+                             other_processes=sum(map(size, re.findall(_OTHER_PROCESS, message))))
