@@ -36,6 +36,7 @@ Conventions for lesson authors (tests/test_checks.py enforces them):
       check_average_gradients(average_gradients)
 """
 import functools
+import numbers
 from dataclasses import dataclass, field
 
 __all__ = ["GradingError", "grader", "passed", "passed_line", "expect", "expect_equal",
@@ -87,6 +88,21 @@ def expect(condition: bool, what: str, expected: str, got: str, hint: str = "") 
     """Raise GradingError unless `condition`; for expectations the other helpers cannot say."""
     if not condition:
         raise GradingError(what, expected, got, hint)
+
+
+def expect_whole_number(got, what: str, hint: str) -> None:
+    """Expect a whole number of any integer type (int, NumPy's integers), not a bool or a float."""
+    expect(isinstance(got, numbers.Integral) and not isinstance(got, bool), what,
+           "a whole number (an int)", f"{got!r} ({type(got).__name__})", hint)
+
+
+def expect_value_error(call, what: str, expected: str, hint: str) -> None:
+    """Expect `call()` to raise ValueError: the exercise's input has no valid answer."""
+    try:
+        got = call()
+    except ValueError:
+        return
+    raise GradingError(what, f"a ValueError: {expected}", repr(got)[:120], hint)
 
 
 def describe(value, limit: int = 120) -> str:

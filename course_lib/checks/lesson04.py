@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from . import GradingError, expect, expect_equal, grader, wrong_answer
+from .oracle import close, large_batch_sgd
 from .ranks import run_on_ranks
 from ..training.data import make_dataset
 from ..training.models import make_model
@@ -134,50 +135,31 @@ def _by_hand_on_rank(train_step_by_hand):
     return losses, weights, ddp_weights
 
 
-def _single_process_run():
-    """The reference: one process, the whole global batch per step."""
-    model = make_model(seed=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    losses, weights = [], [parameters_to_vector(model.parameters()).detach().clone()]
-    for X, y in _batches():
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(X), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        weights.append(parameters_to_vector(model.parameters()).detach().clone())
-    return losses, weights  # weights[0] is the initial model, weights[s + 1] after step s
-
-
-def _close(a, b) -> bool:
-    return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-
-
 @grader("DDP by hand")
 def check_train_step_by_hand(train_step_by_hand):
     what = "train_step_by_hand on 2 ranks"
     # first, so that the ranks fork with torch.optim's imports done (seconds each otherwise)
-    single_losses, single_weights = _single_process_run()
+    single_losses, single_weights = large_batch_sgd(_batches(), LR)
     results = _run_on_ranks(_by_hand_on_rank, train_step_by_hand, what=what)
     for step in range(STEPS):
         before, after = single_weights[step], single_weights[step + 1]
         for rank, (_, weights, ddp_weights) in enumerate(results):
-            expect(_close(ddp_weights[step], after), f"torch's DDP on rank {rank} at step {step}",
+            expect(close(ddp_weights[step], after), f"torch's DDP on rank {rank} at step {step}",
                    "the single-process weights", "other weights",
                    "this machine's DDP disagrees with one process; please report it")
             got = weights[step]
-            if _close(got, after):
+            if close(got, after):
                 continue
-            ranks_differ = not _close(results[0][1][step], results[1][1][step])
+            ranks_differ = not close(results[0][1][step], results[1][1][step])
             update, expected_update = got - before, after - before
             if ranks_differ:
                 hint = ("the ranks' models drifted apart, so their gradients differed: after "
                         "loss.backward(), all-reduce every parameter's .grad (averaging the loss "
                         "value instead does not change the gradients)")
-            elif _close(update, WORLD_SIZE * expected_update):
+            elif close(update, WORLD_SIZE * expected_update):
                 hint = ("the update is world_size times too large: all_reduce sums the gradients; "
                         "divide them by dist.get_world_size()")
-            elif _close(update, torch.zeros_like(update)):
+            elif close(update, torch.zeros_like(update)):
                 hint = "the weights did not change: call optimizer.step() after averaging"
             else:
                 hint = ("average each gradient over the ranks: all_reduce(param.grad) (a sum), "

@@ -12,7 +12,6 @@ The loop's grader runs your function on 2 gloo ranks (on the CPU, so it grades t
 laptop and a GPU node), counts DDP's all-reduces with a comm hook, and compares the weights after
 every optimizer step with one process that trains on the whole global batch.
 """
-import numbers
 from contextlib import nullcontext
 
 import torch
@@ -20,8 +19,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
+from .oracle import close, large_batch_sgd
 from .ranks import run_on_ranks
-from . import expect, expect_close, grader, wrong_answer
+from . import (expect, expect_close, expect_value_error, expect_whole_number, grader,
+               wrong_answer)
 from ..topics.accumulation import accumulate_with_no_sync
 from ..training.data import make_dataset
 from ..training.models import make_model
@@ -48,24 +49,18 @@ def check_grad_accum_steps_for(grad_accum_steps_for):
     for global_batch_size, batch_size, world_size, expected in ACCUM_CASES:
         call = f"grad_accum_steps_for({global_batch_size}, {batch_size}, {world_size})"
         got = grad_accum_steps_for(global_batch_size, batch_size, world_size)
-        expect(isinstance(got, numbers.Integral) and not isinstance(got, bool), call,
-               "a whole number (an int)",
-               f"{got!r} ({type(got).__name__})",
-               "grad_accum_steps counts micro-batches: use // (integer division), not /")
+        expect_whole_number(got, call, "grad_accum_steps counts micro-batches: use // (integer "
+                            "division), not /")
         expect(got == expected, call, str(expected), str(got),
                "global_batch_size = batch_size x grad_accum_steps x world_size: every rank "
                "contributes batch_size samples per micro-batch")
     for global_batch_size, batch_size, world_size in IMPOSSIBLE_CASES:
         call = f"grad_accum_steps_for({global_batch_size}, {batch_size}, {world_size})"
-        try:
-            got = grad_accum_steps_for(global_batch_size, batch_size, world_size)
-        except ValueError:
-            continue
-        expect(False, call, "a ValueError: no whole number of micro-batches gives this global "
-               "batch", f"{got!r}",
-               "check global_batch_size % (batch_size * world_size) == 0 (and a result of at "
-               "least 1), and raise ValueError otherwise: a silently rounded global batch "
-               "changes the training")
+        expect_value_error(lambda: grad_accum_steps_for(global_batch_size, batch_size, world_size),
+                           call, "no whole number of micro-batches gives this global batch",
+                           "check global_batch_size % (batch_size * world_size) == 0 (and a result "
+                           "of at least 1), and raise ValueError otherwise: a silently rounded "
+                           "global batch changes the training")
 
 
 def _ignores_world_size(global_batch_size, batch_size, world_size):
@@ -109,23 +104,18 @@ def grading_micro_batches(grad_accum_steps, steps, rank, world_size=WORLD_SIZE):
 def large_batch_run(grad_accum_steps, steps, world_size=WORLD_SIZE):
     """The reference: one process, one optimizer step per global batch. Returns the loss, the
     weights after every step, and each rank's loss on its share of every global batch."""
-    model = make_model(seed=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     global_batch_size = MICRO_BATCH_SIZE * grad_accum_steps * world_size
     X, y = make_dataset(steps * global_batch_size, seed=5).tensors
-    losses, weights, rank_losses = [], [], [[] for _ in range(world_size)]
-    for X_global, y_global in zip(X.split(global_batch_size), y.split(global_batch_size)):
-        with torch.no_grad():  # rank r's share, dealt like DistributedSampler: i % world_size == r
-            for rank in range(world_size):
-                share = F.cross_entropy(model(X_global[rank::world_size]), y_global[rank::world_size])
-                rank_losses[rank].append(share.item())
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(X_global), y_global)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        weights.append(parameters_to_vector(model.parameters()).detach().clone())
-    return losses, weights, rank_losses
+    rank_losses = [[] for _ in range(world_size)]
+
+    def record_rank_shares(model, X_global, y_global):  # dealt like DistributedSampler: i % world_size
+        for rank in range(world_size):
+            share = F.cross_entropy(model(X_global[rank::world_size]), y_global[rank::world_size])
+            rank_losses[rank].append(share.item())
+
+    batches = zip(X.split(global_batch_size), y.split(global_batch_size))
+    losses, weights = large_batch_sgd(batches, LR, before_each_step=record_rank_shares)
+    return losses, weights[1:], rank_losses
 
 
 def counting_all_reduces(ddp_model) -> list:
@@ -181,10 +171,6 @@ def _run_on_ranks(fn, *args, what: str):
                                    "micro_batches, grad_accum_steps) and returns a list of losses")
 
 
-def _close(a, b) -> bool:
-    return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-
-
 @grader("accumulation with no_sync")
 def check_train_with_accumulation(train_with_accumulation):
     what = "train_with_accumulation on 2 ranks"
@@ -212,18 +198,18 @@ def _expect_large_batch_weights(runs, reference_weights, grad_accum_steps, setti
             parameters_to_vector(make_model(seed=0).parameters()).detach()
         for rank, run in enumerate(runs):
             got = run["records"][step][0]
-            if _close(got, expected):
+            if close(got, expected):
                 continue
             update, expected_update = got - before, expected - before
-            if not _close(runs[0]["records"][step][0], runs[1]["records"][step][0]):
+            if not close(runs[0]["records"][step][0], runs[1]["records"][step][0]):
                 hint = ("the ranks' weights differ: their gradients were never all-reduced. The "
                         "last micro-batch of each step must run its forward and backward "
                         "OUTSIDE no_sync")
-            elif _close(update, grad_accum_steps * expected_update):
+            elif close(update, grad_accum_steps * expected_update):
                 hint = (f"the update is grad_accum_steps = {grad_accum_steps} times too large: "
                         "backward() adds the gradients up, so divide each micro-batch's loss by "
                         "grad_accum_steps")
-            elif _close(update, expected_update / grad_accum_steps):
+            elif close(update, expected_update / grad_accum_steps):
                 hint = ("the update is grad_accum_steps times too small: each step must use the "
                         "gradients of all its micro-batches (zero them after the step, not "
                         "before every micro-batch)")

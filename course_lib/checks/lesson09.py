@@ -16,7 +16,7 @@ import math
 import numbers
 
 from ..topics.cost_model import naive_all_reduce_time, ring_all_reduce_time
-from . import expect, expect_close, grader, wrong_answer
+from . import expect, expect_close, expect_value_error, grader, wrong_answer
 
 # -- Exercise 1: speedup and efficiency ------------------------------------------------------------
 
@@ -209,13 +209,9 @@ def check_accumulation_plan(accumulation_plan):
                "divides each rank's share into micro-batches that fit")
     for global_batch_size, max_batch_size, world_size in IMPOSSIBLE_PLANS:
         call = f"accumulation_plan({global_batch_size}, {max_batch_size}, {world_size})"
-        try:
-            got = accumulation_plan(global_batch_size, max_batch_size, world_size)
-        except ValueError:
-            continue
-        expect(False, call, "a ValueError: the global batch does not split evenly over the ranks",
-               repr(got)[:120], "check global_batch_size % world_size == 0 and raise "
-               "ValueError otherwise")
+        expect_value_error(lambda: accumulation_plan(global_batch_size, max_batch_size, world_size),
+                           call, "the global batch does not split evenly over the ranks",
+                           "check global_batch_size % world_size == 0 and raise ValueError otherwise")
 
 
 def _largest_batch_rounding_up(global_batch_size, max_batch_size, world_size):

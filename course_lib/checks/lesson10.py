@@ -13,7 +13,6 @@ data-wait share against a fixed 20 ms stand-in for a GPU step (a sleep, so it gr
 a busy laptop and on a GPU node), and shuts the loader's workers down.
 """
 import math
-import numbers
 import tempfile
 import warnings
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from . import expect, expect_close, grader, wrong_answer
+from . import expect, expect_close, expect_whole_number, grader, wrong_answer
 from ..topics.pipeline import (READ_SECONDS, SlowDataset, device_step, measure_data_wait,
                         neighbour_features, precompute_features, shutdown_workers)
 
@@ -85,10 +84,8 @@ def check_num_workers_for(num_workers_for):
                 + (f", headroom={headroom})" if extra else ")"))
         got = num_workers_for(batch_size, read_seconds, step_seconds, **extra)
         expected = reference_num_workers_for(batch_size, read_seconds, step_seconds, **extra)
-        expect(isinstance(got, numbers.Integral) and not isinstance(got, bool), call,
-               "a whole number (an int)",
-               f"{got!r} ({type(got).__name__})",
-               "workers come whole: round up with math.ceil, which returns an int")
+        expect_whole_number(got, call, "workers come whole: round up with math.ceil, which returns "
+                            "an int")
         expect(got == expected, call, str(expected), str(got),
                "one worker builds a whole batch in batch_size x read_seconds; the loop needs a "
                "batch every step_seconds; multiply by the headroom, then round up")

@@ -14,7 +14,8 @@ import numbers
 
 import torch
 
-from . import GradingError, expect, expect_close, grader, wrong_answer
+from . import (GradingError, expect, expect_close, expect_value_error, expect_whole_number, grader,
+               wrong_answer)
 from ..topics.memory import RECIPES, GiB, Recipe, estimate_memory, fitting_recipes
 
 STAGE_STRATEGIES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
@@ -108,9 +109,7 @@ def check_smallest_world_size_for_zero3(smallest_world_size_for_zero3):
         got = smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes, activation_bytes)
         expected = reference_smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes,
                                                            activation_bytes)
-        expect(isinstance(got, numbers.Integral) and not isinstance(got, bool), call,
-               "a whole number (an int)",
-               f"{got!r} ({type(got).__name__})", "a number of ranks is whole: round up")
+        expect_whole_number(got, call, "a number of ranks is whole: round up")
         expect(got == expected, call, str(expected), str(got),
                "each rank holds 16 bytes x n_parameters / world_size of model state plus its own "
                "activations, which ZeRO-3 does not shard; take the smallest whole world_size "
@@ -118,13 +117,10 @@ def check_smallest_world_size_for_zero3(smallest_world_size_for_zero3):
     for n_parameters, gpu_memory_bytes, activation_bytes in IMPOSSIBLE_WORLD_SIZE_CASES:
         call = (f"smallest_world_size_for_zero3({n_parameters:_}, {gpu_memory_bytes // GiB} * GiB, "
                 f"{activation_bytes // GiB} * GiB)")
-        try:
-            got = smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes, activation_bytes)
-        except ValueError:
-            continue
-        raise GradingError(call, "a ValueError: the activations alone fill the GPU, and no "
-                           "number of ranks shards them", repr(got),
-                           "raise ValueError when gpu_memory_bytes - activation_bytes leaves no room")
+        expect_value_error(
+            lambda: smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes, activation_bytes),
+            call, "the activations alone fill the GPU, and no number of ranks shards them",
+            "raise ValueError when gpu_memory_bytes - activation_bytes leaves no room")
 
 
 def _ignores_activations(n_parameters, gpu_memory_bytes, activation_bytes):

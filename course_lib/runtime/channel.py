@@ -85,7 +85,3 @@ class FrameBuffer:
             frames.append(bytes(self._data[_HEADER.size:end]))
             del self._data[:end]
         return frames
-
-    @property
-    def partial(self) -> bool:
-        return bool(self._data)
