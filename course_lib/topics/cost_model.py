@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .timing import synchronize
+
 __all__ = ["ring_all_reduce_time", "naive_all_reduce_time", "tree_all_reduce_time",
            "ring_all_reduce_bytes", "data_parallel_device0_bytes",
            "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth", "measure_all_reduce"]
@@ -137,13 +139,9 @@ def measure_all_reduce(sizes_bytes, repeats=20, warmup=5, dtype=torch.float32, d
 def _time_one_all_reduce(tensor):
     line_up = torch.zeros(1, device=tensor.device)
     dist.all_reduce(line_up)
-    _synchronize(tensor.device)
+    synchronize(tensor.device)
     start = time.perf_counter()
     dist.all_reduce(tensor)
-    _synchronize(tensor.device)  # CUDA calls return before the GPU is done
+    synchronize(tensor.device)  # CUDA calls return before the GPU is done
     return time.perf_counter() - start
 
-
-def _synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
