@@ -11,9 +11,9 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from course_lib.authoring import build_lessons_main, check_main, run_solutions_main
 from course_lib.authoring.build import LessonBuildError, build_lesson, render, stub_regions
-from course_lib.authoring.grade import GradingRunError, failure_message, run_nbval
+from course_lib.authoring.check import GradingRunError, failure_message, run_nbval
 from course_lib.authoring.layout import find_lesson, matches_numbers
-from course_lib.authoring.run import describe_device
+from course_lib.authoring.run_solutions import describe_device
 from course_lib.authoring.sanitize import render as render_sanitize_rules
 from course_lib.authoring.scrub import paths_left, scrub_text
 
@@ -237,7 +237,7 @@ def test_run_solutions_reports_failures_and_timeouts_and_writes_neither(course, 
 def test_device_names_gpus_or_cpu_cores_and_the_backend_launch_really_picks(monkeypatch):
     import torch.distributed as dist
 
-    from course_lib.authoring import run
+    from course_lib.authoring import run_solutions as run
 
     assert describe_device().startswith("cpu x") or "(nccl)" in describe_device()
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)

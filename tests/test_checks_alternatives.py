@@ -639,7 +639,7 @@ def workers_with_floor_division(batch_size, read_seconds, step_seconds, headroom
 
 
 def loader_with_an_explicit_random_sampler():
-    from course_lib.topics.pipeline import SlowDataset
+    from course_lib.topics.input_pipeline import SlowDataset
 
     dataset = SlowDataset(features_path=lesson10._features_file("right"))
     return DataLoader(dataset, batch_size=32, sampler=RandomSampler(dataset), num_workers=4,
@@ -647,7 +647,7 @@ def loader_with_an_explicit_random_sampler():
 
 
 def loader_with_more_workers_and_a_generator():
-    from course_lib.topics.pipeline import SlowDataset
+    from course_lib.topics.input_pipeline import SlowDataset
 
     dataset = SlowDataset(features_path=lesson10._features_file("right"))
     return DataLoader(dataset, batch_size=32, shuffle=True, num_workers=6,

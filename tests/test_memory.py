@@ -7,7 +7,7 @@ from torch.utils.checkpoint import checkpoint
 
 from course_lib import launch
 from course_lib.training.data import make_dataset
-from course_lib.topics.memory import (GiB, OPTIMIZERS, PRECISIONS, MemoryBreakdown, SavedActivations,
+from course_lib.topics.memory import (GiB, ESTIMATED_OPTIMIZERS, PRECISIONS, MemoryBreakdown, SavedActivations,
                                bytes_per_parameter, distinct_bytes, estimate_memory,
                                measure_model_state, measure_training_step, read_oom_message,
                                transformer_activation_bytes)
@@ -35,7 +35,7 @@ def test_bytes_per_parameter(optimizer, precision, expected):
             per_parameter["optimizer_state"]) == expected
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", ESTIMATED_OPTIMIZERS)
 def test_fsdp_mixed_precision_keeps_fp32_shards_and_no_master_copy(optimizer):
     # FSDP2's MixedPrecisionPolicy: the fp32 sharded parameter is the optimizer's, its gradient
     # fp32; ZeRO's layout puts the same 4 bytes of fp32 weights in the optimizer state instead

@@ -9,7 +9,7 @@ A maintainer's loop, from the course folder:
     python -m pytest tests/test_notebooks.py               # solution passes, lesson fails, fresh
 """
 from .build import build_lessons_main
-from .grade import check_main
-from .run import run_solutions_main
+from .check import check_main
+from .run_solutions import run_solutions_main
 
 __all__ = ["build_lessons_main", "check_main", "run_solutions_main"]

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import expect, expect_close, expect_whole_number, grader, wrong_answer
-from ..topics.pipeline import (READ_SECONDS, SlowDataset, device_step, measure_data_wait,
+from ..topics.input_pipeline import (READ_SECONDS, SlowDataset, device_step, measure_data_wait,
                         neighbour_features, precompute_features, shutdown_workers)
 
 # -- exercise 1: the data-wait share ------------------------------------------------------------

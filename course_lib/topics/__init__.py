@@ -7,7 +7,7 @@
     accumulation  gradient accumulation with DDP's no_sync                    (lesson 05)
     crash_safety  a save that crashes half way, to see what survives          (lesson 07)
     scaling       speedup, efficiency, Amdahl, step-time model, batch plans   (lesson 09)
-    pipeline      a slow dataset, precomputed features, a prefetcher          (lesson 10)
+    input_pipeline  a slow dataset, precomputed features, a prefetcher        (lesson 10)
     timeline      draw a step's timeline, its overlap, Perfetto export        (lessons 04, 10)
     memory        per-rank memory estimator and its measured counterpart      (lesson 11)
     cluster       node layouts, torchrun command lines, SLURM, local "nodes"  (lesson 12)

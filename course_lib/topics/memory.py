@@ -18,8 +18,8 @@ GB = 10**9
 GiB = 2**30
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-8bit")
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+ESTIMATED_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adam-8bit")
+SHARDING_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 
 # Values each optimizer keeps per parameter, and their size when the state is not 8-bit.
 _STATE_VALUES = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "adam-8bit": 2}
@@ -83,10 +83,10 @@ def bytes_per_parameter(optimizer: str = "adam", precision: str = "fp32",
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r}: use one of {OPTIMIZERS}")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r}: use one of {STRATEGIES}")
+    if optimizer not in ESTIMATED_OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r}: use one of {ESTIMATED_OPTIMIZERS}")
+    if strategy not in SHARDING_STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}: use one of {SHARDING_STRATEGIES}")
     weight_bytes = 4 if precision == "fp32" else 2
     state_value_bytes = 1 if optimizer == "adam-8bit" else weight_bytes
     if precision == "bf16-mixed" and optimizer != "adam-8bit":
@@ -109,8 +109,8 @@ def estimate_memory(n_parameters: int, optimizer: str = "adam", precision: str =
     (per-sample bytes x batch_size; measure them with SavedActivations, or use
     transformer_activation_bytes): every strategy here keeps them whole on every rank.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r}: use one of {STRATEGIES}")
+    if strategy not in SHARDING_STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}: use one of {SHARDING_STRATEGIES}")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r}: need a whole number of ranks, at least 1")
     if n_parameters < 0 or activation_bytes < 0:

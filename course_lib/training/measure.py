@@ -8,7 +8,7 @@ import time
 
 import torch
 
-PHASES = ("data", "forward", "backward", "optimizer")
+STEP_PHASES = ("data", "forward", "backward", "optimizer")
 
 
 def clock_mark(on_cuda: bool):
@@ -24,7 +24,7 @@ class PhaseTimer:
     """Splits a step into consecutive laps: `start()`, then `lap("data")`, `lap("forward")`, ..."""
 
     def __init__(self, device: torch.device):
-        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.totals = dict.fromkeys(STEP_PHASES, 0.0)
         self.on_cuda = device.type == "cuda"
         self._last = None
         self._pending = []  # (phase, start_event, end_event) not yet read back from the GPU

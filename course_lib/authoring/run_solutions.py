@@ -13,7 +13,7 @@ import nbformat
 
 from ..runtime import env
 from ..runtime.doctor import gpu_descriptions
-from .grade import ANSI_COLOR
+from .check import ANSI_COLOR
 from .layout import SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs
 

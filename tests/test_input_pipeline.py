@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_lib.checks.lesson10 import check_fast_loader
-from course_lib.topics.pipeline import (Prefetcher, SlowDataset, Stamped, data_wait_share, device_step,
+from course_lib.topics.input_pipeline import (Prefetcher, SlowDataset, Stamped, data_wait_share, device_step,
                                  measure_data_wait, neighbour_features, precompute_features,
                                  sample_utilization, shutdown_workers)
 from course_lib.topics.pitfalls import WorkerSeed
@@ -143,7 +143,7 @@ def test_rank_loaders_give_their_workers_different_seeds():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/dev/shm is Linux's")
 def test_shared_memory_is_in_dev_shm_and_only_the_socket_follows_tmpdir(tmp_path):
-    report = ("import json; from course_lib.topics.pipeline import shared_memory_files; "
+    report = ("import json; from course_lib.topics.input_pipeline import shared_memory_files; "
               "print(json.dumps(shared_memory_files()))")
     environment = {**os.environ, "TMPDIR": str(tmp_path)}
     found = json.loads(subprocess.run([sys.executable, "-c", report], env=environment,
