@@ -119,6 +119,8 @@ def _report(history, config: TrainConfig, history_json) -> None:
           f"{history.samples_per_second:,.0f} samples/s", flush=True)
     if history_json:
         fields = {f.name: getattr(history, f.name) for f in dataclasses.fields(history) if f.name != "model"}
+        if history.timeline is not None:  # --timeline-steps: its spans as plain dicts
+            fields["timeline"] = dataclasses.asdict(history.timeline)
         with open(history_json, "w") as file:
             json.dump(fields, file, indent=1)
 

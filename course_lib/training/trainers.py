@@ -22,6 +22,7 @@ from .amp import AMP_MODES, Precision
 from .loading import make_loader
 from .measure import PhaseTimer, StepClock, peak_memory_bytes, reset_peak_memory
 from .strategies import STRATEGIES, make_strategy
+from .timeline import Timeline, TimelineRecorder
 
 OPTIMIZERS = ("sgd", "adamw")
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -60,6 +61,7 @@ class TrainConfig:
     find_unused_parameters: bool = False
     sync_batchnorm: bool = False
     progress: bool = True
+    timeline_steps: int = 0                  # record a timeline of the run's last N steps (history.timeline)
     device: Optional[str] = None             # default: cuda if available (the rank's GPU for DDP)
 
     def __post_init__(self):
@@ -75,6 +77,8 @@ class TrainConfig:
         if (self.prefetch_factor is not None or self.persistent_workers) and self.num_workers < 1:
             raise ValueError("prefetch_factor and persistent_workers are settings of DataLoader "
                              "workers: set num_workers to 1 or more, or leave them out")
+        if self.timeline_steps < 0:
+            raise ValueError(f"timeline_steps={self.timeline_steps} must be 0 (off) or a number of steps")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir, the folder to resume from")
 
@@ -98,6 +102,7 @@ class History:
     skipped_steps: int = 0                          # fp16 steps skipped on inf/NaN gradients
     per_rank: list = field(default_factory=list)    # every rank's measurements, as dicts
     resumed_from: Optional[str] = None
+    timeline: Optional[Timeline] = None             # every rank's phases, with timeline_steps
 
 
 def scaled_lr(config: TrainConfig, global_batch_size: int) -> float:
@@ -142,6 +147,8 @@ class Trainer:
     def fit(self) -> History:
         config, history = self.config, self.history
         timer = PhaseTimer(self.device)
+        if config.timeline_steps:  # a recorder in the timer's place; without it the loop is unchanged
+            timer = self._timeline_recorder(timer)
         reset_peak_memory(self.strategy.devices)
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=self.global_step, unit="step",
@@ -172,6 +179,8 @@ class Trainer:
         self._average_losses(unreduced_losses)
         bar.close()
         history.step_times.extend(step_clock.seconds())
+        if config.timeline_steps:
+            history.timeline = timer.finish()  # a collective, like the losses' all-reduce above
         self._finish_history(timer, samples, time.perf_counter() - started)
         return history
 
@@ -200,6 +209,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         timer.lap("optimizer")
         return total_loss, samples
+
+    def _timeline_recorder(self, timer: PhaseTimer) -> TimelineRecorder:
+        """Records the run's last timeline_steps steps: past the warm-up, where DDP has rebuilt its buckets."""
+        steps_left = self.total_steps - self.global_step
+        steps = min(self.config.timeline_steps, steps_left)
+        return TimelineRecorder(self.model, steps=max(steps, 1), skip=steps_left - steps,
+                                timer=timer, device=self.device)
 
     def _average_losses(self, unreduced_losses: list) -> None:
         # One all-reduce for many steps: no synchronisation inside the loop.
