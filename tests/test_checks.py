@@ -52,7 +52,8 @@ def accepted_wrong_answer(check, wrong: WrongAnswer, capsys) -> str:
 LESSON_MODULES = lesson_grader_modules()
 WRONG_ANSWER_CASES = [
     pytest.param(check, wrong, id=f"{module.__name__.rsplit('.', 1)[-1]}.{check.__name__}:"
-                                  f"{wrong.description}")
+                                  f"{wrong.description}",
+                 marks=[pytest.mark.slow] if getattr(module, "SLOW", False) else [])
     for module in LESSON_MODULES
     for check, wrongs in getattr(module, "WRONG_ANSWERS", {}).items()
     for wrong in wrongs

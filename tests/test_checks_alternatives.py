@@ -30,8 +30,9 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 import course_lib.checks as checks
 from course_lib.checks import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, \
-    lesson06, lesson07, lesson08, lesson09, lesson10, lesson11, lesson12, passed_line
+    lesson06, lesson07, lesson08, lesson09, lesson10, lesson11, lesson12, lesson13, passed_line
 from course_lib.topics.collectives import ring_chunks
+from test_capstone import ALTERNATIVE_CONVERSIONS  # scripts that convert lesson 13's file correctly
 from course_lib.training.checkpoint import write_atomically
 from course_lib.training.dp import gather, parallel_apply, replicate, scatter
 
@@ -904,11 +905,13 @@ ALTERNATIVES = {
         answer("one line", bus_bandwidth_in_one_line),
         answer("from algorithm_bandwidth, a numpy float", bus_bandwidth_from_the_cost_model),
     ],
+    lesson13.check_capstone: [answer(name, path) for name, path in ALTERNATIVE_CONVERSIONS.items()],
 }
+SLOW_GRADERS = {lesson13.check_capstone}  # runs the learner's script under torchrun: the slow tier
 
 ALTERNATIVE_CASES = [
     pytest.param(check, *case.values, id=f"{check.__module__.rsplit('.', 1)[-1]}.{check.__name__}:"
-                                         f"{case.id}")
+                                         f"{case.id}", marks=[pytest.mark.slow] if check in SLOW_GRADERS else [])
     for check, cases in ALTERNATIVES.items() for case in cases
 ]
 

@@ -1,0 +1,279 @@
+"""Lesson 13's capstone grader, through real torchrun processes: each wrong conversion of train.py
+is rejected with its own message, correct conversions written differently are accepted, and no
+process outlives a grade.
+
+Wrong conversions are the reference answer (course_lib/examples/capstone_ddp.py) with one
+mistake; the correct ones are that file, one rewritten nanoGPT-style with course_lib's helpers,
+and one with other APIs for the same steps.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.checks import GradingError, passed_line
+from course_lib.checks import lesson13
+from course_lib.checks.lesson13 import (EVERY_RANK_SAVES, NCCL_ON_THE_CPU, NO_PROCESS_GROUP,
+                                        ScriptFile, check_capstone, edited_reference,
+                                        write_edited_reference)
+from course_lib.topics.cluster import _descendants
+
+pytestmark = pytest.mark.slow
+
+GRADE_TIMEOUT_S = 900  # three runs of up to RUN_TIMEOUT_S each (two of them side by side)
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "course_lib" / "examples"
+
+NO_SYNC = 'with model.no_sync() if distributed and not last else nullcontext():'
+SAVE_WRAPPED = ("unwrapped = model.module if distributed else model", "unwrapped = model")
+LOSS_ALL_REDUCE = ("                if distributed:\n"
+                   "                    dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)\n")
+
+WRONG_CONVERSIONS = {  # name: (edits to the reference, what the message must say)
+    "rank 1 saves too": ([EVERY_RANK_SAVES], r"rank 1 also wrote the checkpoint"),
+    "no set_epoch": ([("            sampler.set_epoch(epoch)  # this epoch's order, the same on "
+                       "every rank\n", "            pass\n")],
+                     r"the sampler gives rank 0 in epoch 1 the same indices, in the same order, "
+                     r"as in epoch 0[\s\S]*set_epoch"),
+    "no DistributedSampler": (
+        [("sampler = (DistributedSampler(dataset, seed=SEED) if distributed\n"
+          "               else RandomSampler(dataset, generator=order))",
+          "sampler = RandomSampler(dataset, generator=order)"),
+         ("        if distributed:\n            sampler.set_epoch(epoch)", "        if False:\n"
+                                                                            "            pass")],
+        r"the sampler gives both ranks the same indices[\s\S]*sampler=DistributedSampler"),
+    "no DDP wrapper": (
+        [("        model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)",
+          "        pass"), (NO_SYNC, "with nullcontext():"), SAVE_WRAPPED],
+        r"rank 0's model is not wrapped in DDP"),
+    "no no_sync": ([(NO_SYNC, "with nullcontext():")],
+                   r"DDP all-reduced rank 0's gradients 2 times in one step[\s\S]*no_sync"),
+    "grad_accum_steps ignores world_size": (
+        [("grad_accum_steps = GLOBAL_BATCH_SIZE // (MICRO_BATCH_SIZE * world_size)",
+          "grad_accum_steps = GLOBAL_BATCH_SIZE // MICRO_BATCH_SIZE")],
+        r"rank 0 took 8 optimizer steps[\s\S]*grad_accum_steps must count world_size"),
+    "rank 0 logs its own loss": ([(LOSS_ALL_REDUCE, "")],
+                                 r"rank 0 printed the loss of its own share[\s\S]*ReduceOp.AVG"),
+    "every rank prints": ([("                if rank == 0:\n                    print(",
+                            "                if True:\n                    print(")],
+                          r"rank 1 also printed the losses"),
+    "saves the DDP wrapper's state_dict": ([SAVE_WRAPPED], r"keys start with 'module\.'"),
+    "no plain-python fallback": (
+        [('    if "RANK" not in os.environ:\n        return False, 0, 1, torch.device("cuda" if '
+          'torch.cuda.is_available() else "cpu")\n', "")],
+        r"with plain python[\s\S]*KeyError: 'LOCAL_RANK'[\s\S]*torchrun's variables are not set"),
+    "train.py's fp16-on-CUDA autocast kept": (
+        [("with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):",
+          'with torch.autocast("cuda", dtype=torch.float16, enabled=args.amp and '
+          'device.type == "cuda"):')],
+        r"with --amp on the CPU, bf16 autocast[\s\S]*no autocast on the CPU"),
+    "no destroy_process_group": (
+        [("            dist.destroy_process_group()\n", "")],
+        r"exited with its process group still alive|died while Python shut down"),
+    "resumes on rank 0 only": (
+        [("    if os.path.exists(args.checkpoint):",
+          '    if os.path.exists(args.checkpoint) and os.environ.get("RANK", "0") == "0":')],
+        r"rank 0 started at epoch 2, rank 1 started at epoch 0[\s\S]*every rank must load"),
+    "DDP without a process group": ([NO_PROCESS_GROUP], r"Default process group has not been "
+                                                        r"initialized[\s\S]*init_process_group"),
+    "NCCL on the CPU": ([NCCL_ON_THE_CPU], r"NCCL[\s\S]*gloo and the CPU"),
+}
+
+# nanoGPT's shape: one flat script, `ddp` from RANK, require_backward_grad_sync set by hand, the
+# epoch's losses all-reduced at once and printed at its end, an atomic save, course_lib's helpers.
+NANOGPT_STYLE = '''
+import argparse
+import gc
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_lib import device_for_rank, make_dataset, make_model
+from course_lib.runtime.env import choose_backend
+from course_lib.training.amp import choose_amp
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--checkpoint", default="checkpoint.pt")
+parser.add_argument("--amp", action="store_true")
+args = parser.parse_args()
+
+ddp = int(os.environ.get("RANK", -1)) != -1
+if ddp:
+    dist.init_process_group(choose_backend(int(os.environ["LOCAL_WORLD_SIZE"]))[0])
+    rank, world_size, device = dist.get_rank(), dist.get_world_size(), device_for_rank()
+else:
+    rank, world_size = 0, 1
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+master_process = rank == 0
+amp_dtype = torch.bfloat16 if choose_amp(device) == "bf16" else torch.float16
+scaler = torch.amp.GradScaler(device.type, enabled=args.amp and amp_dtype == torch.float16)
+
+raw_model = make_model(seed=0).to(device)
+optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.2, momentum=0.9)
+start_epoch = 0
+if os.path.exists(args.checkpoint):
+    state = torch.load(args.checkpoint, map_location=device)
+    raw_model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    start_epoch = state["epoch"] + 1
+model = DistributedDataParallel(raw_model) if ddp else raw_model
+
+dataset = make_dataset(256)
+sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=0)
+loader = DataLoader(dataset, batch_size=8, sampler=sampler)
+gradient_accumulation_steps = 32 // (8 * world_size)
+for epoch in range(start_epoch, args.epochs):
+    sampler.set_epoch(epoch)
+    batches, step_losses = iter(loader), []
+    for step in range(len(loader) // gradient_accumulation_steps):
+        total = torch.zeros((), device=device)
+        for micro_step in range(gradient_accumulation_steps):
+            X, y = (t.to(device) for t in next(batches))
+            if ddp:
+                model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
+                loss = F.cross_entropy(model(X), y) / gradient_accumulation_steps
+            scaler.scale(loss).backward()
+            total += loss.detach()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step_losses.append(total)
+    losses = torch.stack(step_losses)
+    if ddp:
+        dist.all_reduce(losses, op=dist.ReduceOp.SUM)
+        losses /= world_size
+    if master_process:
+        for step, loss in enumerate(losses.tolist()):
+            print(f"epoch {epoch} step {step} loss {loss:.6f}")
+        partial = args.checkpoint + ".partial"
+        torch.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(), "epoch": epoch}, partial)
+        os.replace(partial, args.checkpoint)
+    if ddp:
+        dist.barrier()
+
+if ddp:
+    del model
+    gc.collect()
+    dist.destroy_process_group()
+'''
+
+OTHER_APIS = [  # the reference, with another API for several of its steps
+    ("sampler = (DistributedSampler(dataset, seed=SEED) if distributed\n"
+     "               else RandomSampler(dataset, generator=order))",
+     "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=SEED)"),
+    ("        if distributed:\n            sampler.set_epoch(epoch)  # this epoch's order, the same "
+     "on every rank\n        else:\n            order.manual_seed(SEED + epoch)\n",
+     "        sampler.set_epoch(epoch)  # also with plain python: one replica, the same order\n"),
+    (NO_SYNC, "with contextlib.ExitStack() as stack:\n"
+              "                if distributed and not last:\n"
+              "                    stack.enter_context(model.no_sync())"),
+    (LOSS_ALL_REDUCE, "                if distributed:\n"
+                      "                    dist.reduce(step_loss, dst=0)  # only rank 0 prints it\n"
+                      "                    step_loss /= world_size\n"),
+    ("import gc\n", "import contextlib\nimport gc\n"),
+    ('    use_bf16 = device.type == "cpu" or torch.cuda.is_bf16_supported(including_emulation=False)',
+     '    use_bf16 = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)'),
+]
+
+
+def graded(path) -> str:
+    """The grader's verdict on `path`: '' when it passed, else its message; no process is left."""
+    before = set(_descendants(os.getpid()))
+    try:
+        check_capstone(path)
+        verdict = ""
+    except GradingError as error:
+        verdict = str(error)
+    left = set(_descendants(os.getpid())) - before
+    assert not left, f"processes left after grading: {sorted(left)}"
+    return verdict
+
+
+@pytest.mark.timeout(GRADE_TIMEOUT_S)
+@pytest.mark.parametrize("name", WRONG_CONVERSIONS)
+def test_a_wrong_conversion_is_rejected_with_its_own_message(name, tmp_path, capsys):
+    edits, message = WRONG_CONVERSIONS[name]
+    verdict = graded(write_edited_reference(tmp_path / "train_ddp.py", edits))
+    assert verdict, f"the grader accepted a conversion with this mistake: {name}"
+    assert re.search(message, verdict), f"{name}: the message does not say {message!r}:\n{verdict}"
+    assert capsys.readouterr().out == ""
+
+
+def test_every_wrong_conversion_gets_a_message_of_its_own():
+    patterns = [message for _, message in WRONG_CONVERSIONS.values()]
+    assert len(set(patterns)) == len(patterns) >= 6
+
+
+# Correct conversions written differently from the reference, as paths a grader opens (written
+# when opened): tests/test_checks_alternatives.py may list them for lesson13.check_capstone.
+ALTERNATIVE_CONVERSIONS = {
+    "nanoGPT style": ScriptFile(lambda: NANOGPT_STYLE),
+    "other APIs": edited_reference(*OTHER_APIS),
+}
+
+
+@pytest.mark.timeout(GRADE_TIMEOUT_S)
+@pytest.mark.parametrize("answer", ["the reference", *ALTERNATIVE_CONVERSIONS])
+def test_a_correct_conversion_is_accepted(answer, capsys):
+    path = ALTERNATIVE_CONVERSIONS.get(answer, EXAMPLES / "capstone_ddp.py")
+    assert graded(path) == ""
+    assert capsys.readouterr().out == passed_line(check_capstone.exercise) + "\n"
+
+
+@pytest.mark.timeout(GRADE_TIMEOUT_S)
+def test_the_unconverted_script_is_rejected(tmp_path):
+    path = tmp_path / "train_ddp.py"
+    path.write_text((EXAMPLES / "capstone_single.py").read_text())
+    assert "rank 0's model is not wrapped in DDP" in graded(path)
+
+
+def test_the_stub_is_rejected_at_once_with_the_usual_advice(tmp_path):
+    path = tmp_path / "train_ddp.py"
+    path.write_text('# YOUR CODE HERE\nraise NotImplementedError("Exercise: write this part, then '
+                    'run the check cell below")\n')
+    with pytest.raises(GradingError, match="replace the `raise NotImplementedError"):
+        check_capstone(path)
+    with pytest.raises(GradingError, match="no such file"):
+        check_capstone(tmp_path / "missing.py")
+
+
+def test_the_notebooks_solution_is_the_reference_conversion():
+    notebook = nbformat.read(ROOT / "solutions" / "13_capstone.ipynb", as_version=4)
+    regions = [cell.source for cell in notebook.cells
+               if cell.cell_type == "code" and cell.source.startswith("%%writefile train_ddp.py")]
+    assert len(regions) == 1
+    body = regions[0].split("### BEGIN SOLUTION\n", 1)[1].split("### END SOLUTION", 1)[0]
+    assert body == (EXAMPLES / "capstone_ddp.py").read_text(), (
+        "solutions/13_capstone.ipynb's exercise and course_lib/examples/capstone_ddp.py differ: "
+        "keep them the same")
+
+
+@pytest.mark.timeout(300)
+def test_the_oracle_is_what_train_py_prints_on_one_device(tmp_path):
+    # the grader's reference is not a second implementation to trust: train.py, run as given
+    script = tmp_path / "train.py"
+    script.write_text((EXAMPLES / "capstone_single.py").read_text())
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    printed = [float(match[1]) for match in re.finditer(r"loss (\S+)", done.stdout)]
+    losses, shares = lesson13.oracle()
+    expected = [loss for epoch in sorted(losses) for loss in losses[epoch]]
+    assert len(printed) == len(expected) == lesson13.EPOCHS * lesson13.STEPS_PER_EPOCH
+    assert max(abs(a - b) for a, b in zip(printed, expected)) < lesson13.LOSS_ATOL
+    assert shares[0][0][0] != losses[0][0]  # a rank's share of a batch is not the whole batch
