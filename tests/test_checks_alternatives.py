@@ -280,6 +280,40 @@ def indices_with_a_cycle(n_samples, world_size, rank, epoch, seed=0):
     return padded.view(-1, world_size)[:, rank]  # a tensor, not a list
 
 
+def hidden_share_by_sampling_time(timeline, rank, step):
+    """A million instants across the all-reduces: which are all-reducing, and which of those
+    backward was still computing. Approximate (the grader allows 0.01); a numpy float."""
+    allreduces = timeline.select(rank, step, "allreduce")
+    if len(allreduces) == 0:
+        return None
+    backward = timeline.select(rank, step, "backward")[0]
+    wait = timeline.select(rank, step, "wait")[0]
+    first, last = min(s.start for s in allreduces), max(s.end for s in allreduces)
+    instants = np.linspace(first, last, 1_000_001)
+    busy = np.zeros(instants.shape, dtype=bool)
+    for span in allreduces:
+        busy |= (instants >= span.start) & (instants < span.end)
+    computing = (instants >= backward.start) & (instants < wait.start)
+    return np.mean(busy & computing) / np.mean(busy)  # a numpy float
+
+
+def hidden_share_by_a_sweep(timeline, rank, step):
+    """Walk the span boundaries in time order, counting the buckets in flight; a 0-dim tensor."""
+    spans = [span for span in timeline.spans if span.rank == rank and span.step == step]
+    edges = sorted([(s.start, +1) for s in spans if s.lane == "comm"]
+                   + [(s.end, -1) for s in spans if s.lane == "comm"])
+    if not edges:
+        return None
+    computing_until = next(s.start for s in spans if s.phase == "wait")
+    in_flight, previous, hidden, total = 0, None, 0.0, 0.0
+    for time, change in edges:
+        if in_flight > 0:
+            total += time - previous
+            hidden += max(0.0, min(time, computing_until) - previous)
+        in_flight, previous = in_flight + change, time
+    return torch.tensor(hidden / total)
+
+
 # -- lesson 05 ----------------------------------------------------------------------------------
 
 def grad_accum_steps_with_divmod(global_batch_size, batch_size, world_size):
@@ -800,6 +834,10 @@ ALTERNATIVES = {
     lesson04.check_indices_for_rank: [
         answer("DistributedSampler itself", indices_from_distributed_sampler),
         answer("itertools.cycle padding, a tensor", indices_with_a_cycle),
+    ],
+    lesson04.check_hidden_share: [
+        answer("sampling a million instants, a numpy float", hidden_share_by_sampling_time),
+        answer("a sweep over the span boundaries, a tensor", hidden_share_by_a_sweep),
     ],
     lesson05.check_grad_accum_steps_for: [
         answer("divmod, a numpy integer", grad_accum_steps_with_divmod),

@@ -260,3 +260,20 @@ def test_data_parallel_replicas_get_their_own_lanes():
         assert sorted(s.lane for s in replicas) == ["replica 0", "replica 1"]
         assert all(forward.start <= s.start <= s.end <= forward.end for s in replicas)
         assert not timeline.select(0, step, "allreduce")  # DataParallel has none to overlap
+
+
+def test_the_hidden_share_grader_names_each_mistake():
+    """Lesson 04's exercise 4: every wrong answer is rejected with a hint of its own."""
+    from course_lib.checks import GradingError, lesson04
+
+    hints = {}
+    for wrong in lesson04.WRONG_ANSWERS[lesson04.check_hidden_share]:
+        with pytest.raises(GradingError) as caught:
+            lesson04.check_hidden_share(*wrong.args, **wrong.kwargs)
+        hints[wrong.description] = caught.value.hint
+    assert len(set(hints.values())) == len(hints), hints
+    # The hand-made timeline agrees with what it says it holds.
+    timeline = lesson04._hand_made_timeline()
+    shares = [overlap_fraction(timeline, 0, step) for step in (3, 4, 5)]
+    assert shares[:2] == pytest.approx([0.6, 2.5 / 3.5]) and shares[2] is None
+    assert overlap_fraction(timeline, 1, 3) == pytest.approx(0.2)
