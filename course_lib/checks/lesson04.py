@@ -21,7 +21,7 @@ from torch.nn.utils import parameters_to_vector
 from . import GradingError, expect, expect_equal, grader, wrong_answer
 from .oracle import close, large_batch_sgd
 from .ranks import run_on_ranks
-from ..topics.timeline import overlap_fraction
+from ..topics.timeline import merge_intervals, overlap_fraction
 from ..training.data import make_dataset
 from ..training.models import make_model
 from ..training.timeline import Span, Timeline, TimelineRecorder
@@ -392,7 +392,7 @@ def _share_hint(value, timeline, rank, step) -> str:
     allreduces = [(s.start, s.end) for s in timeline.select(rank, step, "allreduce")]
     [backward] = timeline.select(rank, step, "backward")
     [wait] = timeline.select(rank, step, "wait")
-    merged = _merged(allreduces)
+    merged = merge_intervals(allreduces)
     total = sum(end - start for start, end in merged)
     hidden = _seconds_within(merged, backward.start, wait.start)
     other_rank = (rank + 1) % timeline.world_size
@@ -421,15 +421,6 @@ def _share_hint(value, timeline, rank, step) -> str:
             "hidden / total")
 
 
-def _merged(intervals) -> list:
-    merged = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
 
 def _seconds_within(intervals, low, high) -> float:
     return sum(max(0.0, min(end, high) - max(start, low)) for start, end in intervals)
@@ -446,7 +437,7 @@ def _wrong_share(mistake):
             return 0.0 if mistake == "zero without all-reduce" else None
         [backward] = timeline.select(rank, step, "backward")
         [wait] = timeline.select(rank, step, "wait")
-        merged = _merged(allreduces)
+        merged = merge_intervals(allreduces)
         total = sum(end - start for start, end in merged)
         if mistake == "whole backward":
             return _seconds_within(merged, backward.start, backward.end) / total

@@ -35,11 +35,11 @@ def overlap_fraction(timeline: Timeline, rank: int, step: int):
     its all-reduce); "under backward" is backward minus the wait at its end, when gradients are
     all computed and the rank only waits for the last all-reduces.
     """
-    allreduces = _union([(s.start, s.end) for s in timeline.select(rank, step, "allreduce")])
+    allreduces = merge_intervals([(s.start, s.end) for s in timeline.select(rank, step, "allreduce")])
     if not allreduces or _length(allreduces) == 0:
         return None
-    computing = _subtract(_union([(s.start, s.end) for s in timeline.select(rank, step, "backward")]),
-                          _union([(s.start, s.end) for s in timeline.select(rank, step, "wait")]))
+    computing = _subtract(merge_intervals([(s.start, s.end) for s in timeline.select(rank, step, "backward")]),
+                          merge_intervals([(s.start, s.end) for s in timeline.select(rank, step, "wait")]))
     return _length(_intersect(allreduces, computing)) / _length(allreduces)
 
 
@@ -214,7 +214,8 @@ def _thread_name(span: Span, timeline: Timeline) -> str:
 
 
 # -- intervals -----------------------------------------------------------------------------------
-def _union(intervals) -> list:
+def merge_intervals(intervals) -> list:
+    """[(start, end), ...] sorted, overlapping ones merged: the time they cover together."""
     merged = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
