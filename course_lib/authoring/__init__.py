@@ -6,7 +6,7 @@ A maintainer's loop, from the course folder:
     edit solutions/NN_topic.ipynb (solution code between `### BEGIN SOLUTION` / `### END SOLUTION`)
     python -m course_lib run-solutions --only NN --write   # execute it, store outputs, no paths
     python -m course_lib build-lessons                     # write lessons/NN_topic.ipynb
-    python -m pytest tests/test_notebooks.py               # solution passes, lesson fails, fresh
+    python -m pytest tests/authoring/test_notebooks.py     # solution passes, lesson fails, fresh
 """
 from .build import build_lessons_main
 from .check import check_main

@@ -2,7 +2,7 @@
 
 A grader asserts with a message that helps the learner, then prints one fixed line.
 
-Conventions for lesson authors (tests/test_checks.py enforces them):
+Conventions for lesson authors (tests/checks/test_checks.py enforces them):
 
 - Lesson NN's graders live in ``course_lib/checks/lessonNN.py`` (two digits, e.g. ``lesson03.py``).
 - A grader is a function named ``check_<exercise>`` decorated with ``@grader("<exercise title>")``.
@@ -16,7 +16,7 @@ Conventions for lesson authors (tests/test_checks.py enforces them):
   integer type where it asks for a whole number, any API that does the job (bytes are counted
   below the Python API), placement on a mix of devices, two steps where state can leak, a crash
   at every step of a save, the printed value where it asks to print.
-  tests/test_checks_alternatives.py holds at least two correct answers per grader, written
+  tests/checks/test_checks_alternatives.py holds at least two correct answers per grader, written
   differently from the solution; each must pass. Where the text is ambiguous, sharpen the text,
   not the grader's tolerance.
 - Every grader is rejected by at least three plausible wrong answers, declared in the module::

@@ -112,6 +112,7 @@ def test_lines_printed_at_once_by_the_processes_of_a_node_stay_whole(monkeypatch
         [line for line in lines if not re.fullmatch(r"process [0-3] line \d+ end", line)][:3])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
 def test_run_nodes_kills_every_process_of_a_node_that_overruns(tmp_path):
     # A node whose child (like a torchrun worker) outlives the timeout: both must be gone after.
@@ -122,10 +123,11 @@ def test_run_nodes_kills_every_process_of_a_node_that_overruns(tmp_path):
             f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
             f"start_new_session=True); open({str(pid_file)!r}, 'w').write(str(child.pid)); "
             f"time.sleep(600)")
-    started = time.monotonic()
-    with pytest.raises(TimeoutError, match="did not finish within 8 s"):
-        run_nodes([[sys.executable, "-c", hang], [sys.executable, "-c", "print('done')"]], timeout=8)
-    assert time.monotonic() - started < 30
+    timeout_s, started = 8, time.monotonic()
+    with pytest.raises(TimeoutError, match=f"did not finish within {timeout_s} s"):
+        run_nodes([[sys.executable, "-c", hang], [sys.executable, "-c", "print('done')"]], timeout=timeout_s)
+    # the timeout, then stop_processes' grace (5 s) before SIGKILL, and room for a loaded machine
+    assert time.monotonic() - started < timeout_s + 5 + 15
     assert pid_file.exists(), "the node did not start its child within the timeout"
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 10

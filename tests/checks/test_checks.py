@@ -2,7 +2,7 @@
 
 Lesson graders are found in course_lib/checks/lessonNN.py; their WRONG_ANSWERS drive the tests.
 The other half, correct answers written differently from the solutions, is in
-tests/test_checks_alternatives.py.
+tests/checks/test_checks_alternatives.py.
 """
 import importlib
 import pkgutil

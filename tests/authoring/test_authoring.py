@@ -17,7 +17,7 @@ from course_lib.authoring.run_solutions import describe_device
 from course_lib.authoring.sanitize import render as render_sanitize_rules
 from course_lib.authoring.scrub import paths_left, scrub_text
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 FIXTURES = TESTS / "fixtures"
 SOLUTION = FIXTURES / "solutions" / "01_circle.ipynb"
 STUB = 'raise NotImplementedError("Exercise: write this part, then run the check cell below")'
@@ -175,6 +175,7 @@ def test_find_lesson_by_number_or_path_and_explain_unknown_numbers():
 
 # check
 
+@pytest.mark.slow
 def test_check_grades_each_exercise_of_the_fixture_lesson(monkeypatch, capsys):
     monkeypatch.chdir(FIXTURES)
     assert check_main(["1"]) == 1
@@ -187,6 +188,7 @@ def test_check_grades_each_exercise_of_the_fixture_lesson(monkeypatch, capsys):
     assert "no lesson '9'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_grading_a_hanging_notebook_stops_at_the_timeout(tmp_path):
     nbformat.write(code_notebook("import time\ntime.sleep(60)"), tmp_path / "01_hang.ipynb")
     with pytest.raises(GradingRunError, match="took over 6 s under nbval"):
@@ -202,6 +204,7 @@ def test_failure_message_explains_differing_output():
 
 # run-solutions
 
+@pytest.mark.slow
 def test_run_solutions_writes_outputs_without_machine_paths(course, capsys):
     executed = course / "solutions" / SOLUTION.name
     before = nbformat.read(executed, as_version=4)
@@ -218,6 +221,7 @@ def test_run_solutions_writes_outputs_without_machine_paths(course, capsys):
     assert after.cells[5].outputs[0]["text"] == "✓ circle area: passed\n"
 
 
+@pytest.mark.slow
 def test_run_solutions_reports_failures_and_timeouts_and_writes_neither(course, capsys):
     broken, slow = course / "solutions" / "02_broken.ipynb", course / "solutions" / "03_slow.ipynb"
     nbformat.write(code_notebook("x = 1", "raise ValueError('bad shape')"), broken)

@@ -25,7 +25,7 @@ from course_lib.topics.cluster import _descendants
 pytestmark = pytest.mark.slow
 
 GRADE_TIMEOUT_S = 900  # three runs of up to RUN_TIMEOUT_S each (two of them side by side)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "course_lib" / "examples"
 
 NO_SYNC = 'with model.no_sync() if distributed and not last else nullcontext():'
@@ -218,7 +218,7 @@ def test_every_wrong_conversion_gets_a_message_of_its_own():
 
 
 # Correct conversions written differently from the reference, as paths a grader opens (written
-# when opened): tests/test_checks_alternatives.py may list them for lesson13.check_capstone.
+# when opened): tests/checks/test_checks_alternatives.py may list them for lesson13.check_capstone.
 ALTERNATIVE_CONVERSIONS = {
     "nanoGPT style": ScriptFile(lambda: NANOGPT_STYLE),
     "other APIs": edited_reference(*OTHER_APIS),

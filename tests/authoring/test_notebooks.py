@@ -15,7 +15,9 @@ from course_lib.authoring.check import run_nbval
 from course_lib.authoring.layout import LESSONS, SOLUTIONS, course_notebooks
 from course_lib.authoring.scrub import paths_left
 
-TESTS = Path(__file__).parent
+pytestmark = pytest.mark.slow  # every notebook under nbval
+
+TESTS = Path(__file__).resolve().parents[1]
 ROOTS = [TESTS.parent, TESTS / "fixtures"]
 SANITIZE_FILE = TESTS / "sanitize.cfg"
 NOTEBOOK_TIMEOUT_S = 600

@@ -8,6 +8,8 @@ import pytest
 from course_lib.topics.cluster import stop_processes
 from scripts import REPO
 
+pytestmark = pytest.mark.slow  # scripts under torchrun
+
 TIMEOUT = 180
 
 # Run in each rank after a script's main() returned: which of gloo's threads still run? A group

@@ -11,6 +11,8 @@ from course_lib.examples import single_or_ddp
 from course_lib.topics.cluster import stop_processes
 from scripts import REPO
 
+pytestmark = pytest.mark.slow  # a script under torchrun
+
 TIMEOUT = 180
 
 

@@ -3,7 +3,7 @@
 A grader stricter than its exercise's text teaches the learner that the right idea is wrong. For
 each grader this file holds at least two correct answers that use other APIs, other algorithms or
 other types than the solution notebook; each must pass. The wrong answers live in each grader
-module's WRONG_ANSWERS (tests/test_checks.py rejects them, at least three per grader).
+module's WRONG_ANSWERS (tests/checks/test_checks.py rejects them, at least three per grader).
 """
 import bisect
 import importlib

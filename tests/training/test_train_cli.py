@@ -54,6 +54,7 @@ def test_bad_flags_say_what_to_do(capsys, flags, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_nprocs_and_torchrun_match_one_process_with_the_global_batch(tmp_path):
     assert main([*SMALL_RUN, "--batch-size", "16", "--history-json", str(tmp_path / "single.json")]) == 0
     nprocs = start(["-m", "course_lib", "train", *SMALL_RUN, "--batch-size", "8", "--nprocs", "2",
@@ -70,6 +71,7 @@ def test_nprocs_and_torchrun_match_one_process_with_the_global_batch(tmp_path):
         assert losses(tmp_path / f"{name}.json") == pytest.approx(single, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_two_simulated_nodes_on_loopback():
     port = free_port()
     nodes = [start(["-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
