@@ -5,7 +5,16 @@ and, when installed, Accelerate's notebook_launcher. Runs are interleaved round 
 load on the machine hits every method alike; medians and ratios to the raw fork start are printed.
 Targets (issue 2): course_lib fork within 1.5x of raw fork, and faster than Accelerate.
 
+--ddp times what preload_for_fork is for: launches whose ranks build a DDP model (DDP's
+constructor imports torch._dynamo, seconds of imports). Each variant runs in a fresh interpreter,
+as a new kernel would: the first launch, then the median of the later ones, with the preload
+(the default) and without it (every rank then imports torch._dynamo itself, at every launch).
+Each rank trains one step and frees its model before the launcher destroys the group, an ending
+that older versions of course_lib ran without hanging too (for before/after figures); the
+tutorials' ending is stress-tested by benchmarks/stress.py.
+
     python benchmarks/launch_latency.py [--repeats 20] [--check]
+    python benchmarks/launch_latency.py --ddp [--repeats 8]
 """
 import argparse
 import os
@@ -100,13 +109,68 @@ def measure(repeats: int, spawn_repeats: int):
     return times
 
 
+DDP_RUN = """
+import json, sys, time
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from course_lib import launch
+import course_lib.runtime.rank_group as rank_group
+
+if sys.argv[1] == "no-preload":
+    rank_group.preload_for_fork = lambda: None
+
+def build_ddp_and_step():
+    ddp_model = DDP(nn.Linear(16, 4))
+    ddp_model(torch.randn(8, 16)).sum().backward()
+    del ddp_model  # freed before the launcher's destroy_process_group(): an ending that never hung
+    return float(dist.get_world_size())
+
+seconds = []
+for _ in range(int(sys.argv[2])):
+    start = time.perf_counter()
+    assert launch(build_ddp_and_step, nprocs=2, output="none", timeout=300, start_method="fork") == [2.0, 2.0]
+    seconds.append(time.perf_counter() - start)
+print(json.dumps(seconds))
+"""
+
+
+def measure_ddp(repeats: int):
+    """{variant: [seconds of each launch]}, each variant in a fresh interpreter, interleaved."""
+    import json
+    import subprocess
+
+    times = {"preload (default)": [], "no preload": []}
+    for _ in range(2):  # two fresh interpreters per variant, alternating
+        for variant, flag in (("preload (default)", "preload"), ("no preload", "no-preload")):
+            out = subprocess.run([sys.executable, "-c", DDP_RUN, flag, str(repeats)], capture_output=True,
+                                 text=True, timeout=1200, check=True)
+            times[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return times
+
+
+def main_ddp(repeats: int) -> int:
+    times = measure_ddp(repeats)
+    print(f"\n{'DDP-constructing launch (fork)':<32} {'first launch':>13} {'later, median':>14}")
+    for variant, runs in times.items():
+        first = statistics.median(run[0] for run in runs)
+        later = statistics.median(t for run in runs for t in run[1:])
+        print(f"{variant:<32} {first:>12.2f}s {later:>13.2f}s")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 20; 8 with --ddp)")
     parser.add_argument("--spawn-repeats", type=int, default=5, help="spawn is slow: fewer rounds")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--ddp", action="store_true", help="time DDP-constructing launches, with and without the preload")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.ddp:
+        return main_ddp(args.repeats or 8)
+    args.repeats = args.repeats or 20
     times = measure(args.repeats, args.spawn_repeats)
     medians = {name: statistics.median(values) for name, values in times.items()}
     baseline = medians["raw start_processes (fork)"]

@@ -8,6 +8,10 @@ of the test run: a race that fails one run in twenty needs many runs to show.
     python benchmarks/stress.py [--runs 30] [--only torchrun_script,two_nodes] [--timeout 300]
     python benchmarks/stress.py --only torchrun_script --load 2   # with 2 cores kept busy
     python benchmarks/stress.py --list
+    python benchmarks/stress.py --only kernel_demo_basic --repo /tmp/old-checkout  # before/after
+
+The kernel_* scenarios print each launch's seconds; the table shows the slowest launch of all runs
+(a rank that is slow to exit shows there even when every run passes).
 """
 import argparse
 import os
@@ -205,6 +209,261 @@ with tempfile.TemporaryDirectory() as workdir:
 print("elastic ok")
 """
 
+# -- tutorial code that ends as PyTorch's DDP tutorials end: destroy_process_group() while the DDP
+# model is alive, then return (issue 21). Each run is a fresh Jupyter kernel (nbclient) that defines
+# the code in one cell and launches it LAUNCHES times in the next: the first launch imports
+# torch._dynamo into the kernel (preload_for_fork), later ones fork a kernel that has it.
+
+TOY_MODEL = """
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+from course_lib.topics.cluster import free_port
+
+PORT = str(free_port())  # the tutorials use a fixed port; other runs on this machine may hold it
+
+
+def setup(rank, world_size):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = PORT
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def cleanup():
+    dist.destroy_process_group()
+
+
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(12, 12)
+        self.act = nn.ReLU()
+        self.out = nn.Linear(12, 4)
+
+    def forward(self, x):
+        return self.out(self.act(self.hidden(x)))
+"""
+
+DEMO_BASIC = TOY_MODEL + """
+
+def demo_basic(rank, world_size):
+    print(f"basic DDP demo on rank {rank}")
+    setup(rank, world_size)
+    model = TwoLayers()
+    ddp_model = DDP(model)
+    criterion = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.01)
+    optimizer.zero_grad()
+    prediction = ddp_model(torch.randn(16, 12))
+    criterion(prediction, torch.randn(16, 4)).backward()
+    optimizer.step()
+    cleanup()
+    return ddp_model.module.out.weight.sum().item()
+"""
+
+DEMO_CHECKPOINT = TOY_MODEL + """
+CHECKPOINT = os.path.join(tempfile.mkdtemp(), "model.checkpoint")
+
+
+def demo_checkpoint(rank, world_size):
+    print(f"checkpointing DDP demo on rank {rank}")
+    setup(rank, world_size)
+    model = TwoLayers()
+    ddp_model = DDP(model)
+    if rank == 0:  # one rank saves: every replica holds the same weights
+        torch.save(ddp_model.state_dict(), CHECKPOINT)
+    dist.barrier()  # the others wait for the file before they read it
+    ddp_model.load_state_dict(torch.load(CHECKPOINT, map_location="cpu", weights_only=True))
+    criterion = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.01)
+    optimizer.zero_grad()
+    criterion(ddp_model(torch.randn(16, 12)), torch.randn(16, 4)).backward()
+    optimizer.step()
+    dist.barrier()  # nobody is still reading when rank 0 removes it
+    if rank == 0:
+        os.remove(CHECKPOINT)
+    cleanup()
+    return ddp_model.module.out.weight.sum().item()
+"""
+
+# The tutorial series' multi-process script: ddp_setup(rank, world_size), a Trainer class, a
+# DistributedSampler, checkpoints by rank 0, destroy_process_group() at the end of main().
+SERIES_COMMON = """
+import os
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+class RandomRegression(Dataset):
+    def __init__(self, size):
+        self.size = size
+        self.data = [(torch.rand(20), torch.rand(1)) for _ in range(size)]
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        return self.data[index]
+
+
+class Trainer:
+    def __init__(self, model, train_data, optimizer, rank, save_every, snapshot):
+        self.rank = rank
+        self.model = DDP(model)
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.save_every = save_every
+        self.snapshot = snapshot
+
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        loss = F.mse_loss(self.model(source), targets)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+    def _run_epoch(self, epoch):
+        self.train_data.sampler.set_epoch(epoch)
+        return [self._run_batch(source, targets) for source, targets in self.train_data]
+
+    def _save_checkpoint(self, epoch):
+        torch.save(self.model.module.state_dict(), self.snapshot)
+        print(f"epoch {epoch}: checkpoint saved")
+
+    def train(self, max_epochs):
+        for epoch in range(max_epochs):
+            losses = self._run_epoch(epoch)
+            if self.rank == 0 and epoch % self.save_every == 0:
+                self._save_checkpoint(epoch)
+        return losses[-1]
+
+
+def load_train_objs():
+    dataset = RandomRegression(256)
+    model = torch.nn.Linear(20, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    return dataset, model, optimizer
+
+
+def prepare_dataloader(dataset, batch_size):
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=DistributedSampler(dataset))
+"""
+
+TRAINER_SPAWN = SERIES_COMMON + """
+from torch.distributed import destroy_process_group, init_process_group
+from course_lib.topics.cluster import free_port
+
+PORT = str(free_port())
+SNAPSHOT = os.path.join(tempfile.mkdtemp(), "checkpoint.pt")
+
+
+def ddp_setup(rank, world_size):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = PORT
+    init_process_group(backend="gloo", rank=rank, world_size=world_size)
+
+
+def main(rank, world_size, save_every, total_epochs, batch_size):
+    ddp_setup(rank, world_size)
+    dataset, model, optimizer = load_train_objs()
+    train_data = prepare_dataloader(dataset, batch_size)
+    trainer = Trainer(model, train_data, optimizer, rank, save_every, SNAPSHOT)
+    last_loss = trainer.train(total_epochs)
+    destroy_process_group()
+    return last_loss
+"""
+
+# The torchrun version of the same script, saved as a file and imported: ddp_setup() reads the
+# environment torchrun (and launch) set; main() is what `if __name__ == "__main__"` would call.
+TORCHRUN_SCRIPT = SERIES_COMMON + """
+from torch.distributed import destroy_process_group, init_process_group
+
+SNAPSHOT = os.path.join(tempfile.gettempdir(), f"snapshot-{os.getppid()}.pt")
+
+
+def ddp_setup():
+    init_process_group(backend="gloo")
+
+
+def main(save_every, total_epochs, batch_size):
+    ddp_setup()
+    rank = int(os.environ["LOCAL_RANK"])
+    dataset, model, optimizer = load_train_objs()
+    train_data = prepare_dataloader(dataset, batch_size)
+    trainer = Trainer(model, train_data, optimizer, rank, save_every, SNAPSHOT)
+    last_loss = trainer.train(total_epochs)
+    destroy_process_group()
+    return last_loss
+
+
+if __name__ == "__main__":
+    main(save_every=2, total_epochs=3, batch_size=32)
+"""
+
+LAUNCHES = 3  # launches per kernel
+
+
+def _launch_cell(call: str) -> str:
+    return f"""
+import time
+times = []
+for attempt in range({LAUNCHES}):
+    start = time.monotonic()
+    results = {call}
+    times.append(time.monotonic() - start)
+    assert len(results) == 2 and all(isinstance(r, float) for r in results), results
+print("launch seconds:", " ".join(f"{{t:.1f}}" for t in times))
+print("kernel ok")
+"""
+
+
+KERNEL_PATTERNS = {
+    "kernel_demo_basic": (DEMO_BASIC, "from course_lib import spawn",
+                          "spawn(demo_basic, args=(2,), nprocs=2, output='none')"),
+    "kernel_demo_checkpoint": (DEMO_CHECKPOINT, "from course_lib import spawn",
+                               "spawn(demo_checkpoint, args=(2,), nprocs=2, output='none')"),
+    "kernel_trainer_spawn": (TRAINER_SPAWN, "from course_lib import spawn",
+                             "spawn(main, args=(2, 2, 3, 32), nprocs=2, output='none')"),
+    "kernel_torchrun_main": (
+        f"from pathlib import Path\nPath('multigpu_torchrun.py').write_text({TORCHRUN_SCRIPT!r})\n",
+        "from course_lib import launch\nfrom multigpu_torchrun import main",
+        "launch(main, 2, 3, 32, nprocs=2, init_process_group=False, output='none')"),
+}
+
+# Runs the cells in a fresh kernel (nbclient), prints what they printed; fails on an error or a
+# cell that outlives CELL_TIMEOUT (the harness's own timeout then kills what is left).
+KERNEL_DRIVER = """
+import sys
+import nbformat
+from nbclient import NotebookClient
+
+notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in CELLS])
+client = NotebookClient(notebook, timeout=CELL_TIMEOUT, kernel_name="python3",
+                        resources={"metadata": {"path": "."}})
+try:
+    client.execute()
+finally:
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            sys.stdout.write(output.get("text", "") or "\\n".join(output.get("traceback", [])) + "\\n")
+"""
+
+
+def _kernel_scenario(cells) -> "Scenario":
+    return Scenario([sys.executable, "{script}"], "kernel ok",
+                    f"CELLS = {list(cells)!r}\nCELL_TIMEOUT = 240\n{KERNEL_DRIVER}")
+
+
 SCENARIOS = {
     "torchrun_script": Scenario(
         [*TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "course_lib.examples.ddp_train",
@@ -223,13 +482,15 @@ SCENARIOS = {
                           f"WHOAMI = {WHOAMI!r}\n{TWO_NODES}"),
     # the notebooks as the test suite runs them: nbval on the solution, and on the unsolved lesson
     **{f"nbval_{kind}_{lesson}": Scenario(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_notebooks.py",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/authoring/test_notebooks.py",
          "-k", f"{test} and {lesson}"], "1 passed", in_repo=True)
        for lesson in ("04_ddp_flow", "08_pitfalls")
        for kind, test in (("solution", "test_solution_passes_nbval"),
                           ("lesson", "test_unsolved_lesson_fails_in_every_check_and_nowhere_else"))},
     "elastic_restart": Scenario([sys.executable, "{script}"], "elastic ok",
                                 f"ELASTIC_TRAIN = {ELASTIC_TRAIN!r}\n{ELASTIC_RESTART}"),
+    **{name: _kernel_scenario([code, imports + "\n" + _launch_cell(call)])
+       for name, (code, imports, call) in KERNEL_PATTERNS.items()},
 }
 
 
@@ -273,7 +534,12 @@ def main(argv=None) -> int:
     parser.add_argument("--load", type=int, default=0,
                         help="processes that keep a core busy each during the runs (a loaded CI machine)")
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
+    parser.add_argument("--repo", default=None,
+                        help="run the course from this checkout instead (before/after comparisons)")
     args = parser.parse_args(argv)
+    if args.repo:
+        global REPO
+        REPO = Path(args.repo).resolve()
     if args.list:
         for name, scenario in SCENARIOS.items():
             print(f"{name:28} {' '.join(scenario.command).replace(sys.executable, 'python')}")
@@ -290,24 +556,31 @@ def main(argv=None) -> int:
             burner.kill()
             burner.wait()
     print()
-    print(f"{'scenario':28} {'runs':>5} {'failures':>8} {'median s':>9}  first failure's last lines")
-    for name, runs, failures, median, first_failure in rows:
-        print(f"{name:28} {runs:5d} {failures:8d} {median:9.1f}  {first_failure or '-'}")
+    print(f"{'scenario':28} {'runs':>5} {'failures':>8} {'median s':>9} {'slowest launch s':>16}  "
+          f"first failure's last lines")
+    for name, runs, failures, median, slowest, first_failure in rows:
+        slowest = f"{slowest:16.1f}" if slowest is not None else f"{'-':>16}"
+        print(f"{name:28} {runs:5d} {failures:8d} {median:9.1f} {slowest}  {first_failure or '-'}")
     return 1 if any(row[2] for row in rows) else 0
 
 
 def run_scenario(name: str, runs: int, timeout: float):
-    """(name, runs, failures, median seconds, the first failure's reason and last lines)."""
-    failures, times, first_failure = 0, [], ""
+    """(name, runs, failures, median seconds, slowest launch or None, the first failure's reason
+    and last lines)."""
+    failures, times, launches, first_failure = 0, [], [], ""
     for run in range(runs):
         with tempfile.TemporaryDirectory() as scratch:
             failure, seconds, output = run_once(SCENARIOS[name], Path(scratch), timeout)
         times.append(seconds)
+        these = [float(t) for line in output.splitlines() if line.startswith("launch seconds:")
+                 for t in line.split(":", 1)[1].split()]
+        launches += these
         if failure:
             failures += 1
             first_failure = first_failure or f"{failure}: {last_lines(output)}"
-        print(f"{name} run {run + 1}/{runs}: {failure or 'ok'} ({seconds:.1f} s)", flush=True)
-    return name, runs, failures, statistics.median(times), first_failure
+        shown = f", launches {' '.join(f'{t:.1f}' for t in these)} s" if these else ""
+        print(f"{name} run {run + 1}/{runs}: {failure or 'ok'} ({seconds:.1f} s{shown})", flush=True)
+    return name, runs, failures, statistics.median(times), max(launches, default=None), first_failure
 
 
 if __name__ == "__main__":

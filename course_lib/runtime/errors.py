@@ -5,7 +5,7 @@
 import os
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 _LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # course_lib/
 
@@ -15,6 +15,7 @@ PHASES = {
     "init_process_group": "in init_process_group (before your code)",
     "running": "in your function",
     "returning": "while sending the return value back",
+    "exiting": "after your function returned",
     "exit": "",
     "timeout": "",
     "hung": "",
@@ -31,6 +32,7 @@ class RankFailure:
     exitcode: Optional[int] = None  # negative: killed by that signal
     stack: str = ""                 # Python stacks of a hung rank (faulthandler)
     waiting_in: str = ""            # innermost function of a hung rank's main thread
+    threads: str = ""               # a hung rank's threads as Linux shows them, where Python shows none
 
     def headline(self) -> str:
         where = PHASES.get(self.phase, self.phase)
@@ -46,6 +48,7 @@ class DistributedRunError(RuntimeError):
     world_size: int = 0
     timed_out: bool = False
     note: str = ""                  # what the launcher knows beyond each rank (e.g. the rendezvous)
+    results: Dict[int, Any] = field(default_factory=dict)  # {rank: result} of the ranks whose result arrived
 
     def __post_init__(self):
         RuntimeError.__init__(self, self.describe())
@@ -74,20 +77,30 @@ class DistributedRunError(RuntimeError):
         return shell.InteractiveTB.structured_traceback(type(self), self, _without_library_frames(self.__traceback__))
 
     def __reduce__(self):
-        return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out, self.note))
+        return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out, self.note, self.results))
 
     def describe(self, output_lines: int = 10) -> str:
+        stuck = [f for f in self.failures.values() if f.phase == "exiting"]
+        only_stuck = bool(stuck) and len(stuck) == len(self.failures)
         if self.timed_out:
-            hung = [f for f in self.failures.values() if f.phase == "timeout"]
+            hung = [f for f in self.failures.values() if f.phase in ("timeout", "exiting")]
             head = f"timed out: {len(hung)} of {self.world_size} ranks still running (ranks {_ranks(hung)})"
+        elif only_stuck:
+            head = (f"{len(stuck)} of {self.world_size} ranks did not exit after your function returned "
+                    f"(ranks {_ranks(stuck)})")
         else:
             head = f"{len(self.failures)} of {self.world_size} ranks failed (ranks {_ranks(self.failures.values())})"
         lines = [head, ""] + ([self.note, ""] if self.note else [])
-        if self.timed_out:
+        if stuck and len(self.results) == self.world_size:
+            lines += ["Your function returned on every rank: the results are in this error's .results "
+                      "(results[rank]).", ""]
+        if self.timed_out or only_stuck:
             for failure in sorted(self.failures.values(), key=lambda f: f.rank):
                 lines.append(f"rank {failure.rank}: {failure.summary}")
                 if failure.stack:
                     lines += ["  " + line for line in failure.stack.rstrip().splitlines()]
+                if failure.threads:
+                    lines += ["  " + line for line in failure.threads.rstrip().splitlines()]
                 lines.append("")
         else:
             root = self.root_cause
@@ -100,6 +113,7 @@ class DistributedRunError(RuntimeError):
                 for failure in sorted(others, key=lambda f: f.rank):
                     lines.append(f"  {failure.headline()}")
                     lines += ["    " + line for line in failure.stack.rstrip().splitlines()]
+                    lines += ["    " + line for line in failure.threads.rstrip().splitlines()]
             lines.append("")
         shown = {rank: out[-output_lines:] for rank, out in sorted(self.outputs.items()) if out}
         if shown:
@@ -125,5 +139,5 @@ def _ranks(failures) -> str:
     return ", ".join(str(f.rank) for f in sorted(failures, key=lambda f: f.rank))
 
 
-def _rebuild(failures, outputs, world_size, timed_out, note=""):
-    return DistributedRunError(failures, outputs, world_size, timed_out, note)
+def _rebuild(failures, outputs, world_size, timed_out, note="", results=None):
+    return DistributedRunError(failures, outputs, world_size, timed_out, note, results or {})

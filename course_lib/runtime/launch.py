@@ -4,6 +4,7 @@ Each rank gets torchrun's environment and a ready process group; failures come b
 """
 import os
 import sys
+import time
 import warnings
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -32,11 +33,25 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
       plain processes; a fixed port already in use fails at once, naming the port.
     - ``backend=None`` picks NCCL (rank r on cuda:r) when every rank can own a GPU, else gloo.
     - ``output``: "all" ranks' lines, "rank0" only, or "none"; each line labelled ``[rankN]``.
-    - ``timeout`` (seconds): past it, every hung rank's stack is shown and all are stopped.
+    - ``timeout`` (seconds): past it, every hung rank's stack is shown and all are stopped. It
+      covers the whole run, each rank's exit included.
     - ``start_method``: None (fork where safe, else spawn), "fork" or "spawn".
 
+    How a rank ends: it sends its result as soon as ``fn`` returns, before ``fn``'s local variables
+    are freed; then it frees them (their destructors run, as after any return) and exits without
+    the interpreter's shutdown. A process group that something still holds when
+    ``destroy_process_group()`` lets go of it (a DDP model, say) lives until the rank exits, so
+    DDP's Reducer never frees one: code that ends as the DDP tutorials do (``destroy_process_group()``
+    with the model alive, then return) cannot hang in gloo's destructor (PyTorch issue 56297). A
+    group nothing holds is freed there, as under torchrun. A rank must exit within 30 s of its
+    result (``rank_group.EXIT_GRACE_S``), and by ``timeout`` when one is given. With
+    ``timeout=None`` (the default) a rank still inside ``fn`` may run as long as it needs
+    (interrupt the kernel to stop every rank), but one stuck after ``fn`` returned never hangs the
+    call: it is stopped and reported.
+
     Raises DistributedRunError (a RuntimeError) naming every failed rank; no rank survives it,
-    nor a KeyboardInterrupt.
+    nor a KeyboardInterrupt. A rank stuck after ``fn`` returned is named as such, with what it was
+    freeing, its stacks and its threads; the results that arrived are in the error's ``.results``.
     """
     __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
     return run_ranks(CallFunction(fn, args, kwargs), nprocs, backend, timeout, init_process_group,
@@ -54,13 +69,12 @@ def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: O
         raise ValueError(f"timeout={timeout!r}: give a number of seconds above 0, or None")
     group, rendezvous = start_ranks(job, nprocs, backend, start_method, output,
                                     init_process_group, timeout, who)
-    finished = False
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         replies = group.collect(timeout=timeout)
-        finished = True
+        group.await_exits(replies, deadline)  # each rank frees what fn left, then exits
     finally:
-        # After success the ranks are exiting on their own; after a failure, stop them now.
-        group.stop(wait_for_exit=10.0 if finished else 0.0)
+        group.stop()  # after a failure, or a rank stuck as it ends: no rank survives
         rendezvous.close()
     return [replies[rank] for rank in range(nprocs)]
 

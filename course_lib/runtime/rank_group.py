@@ -14,7 +14,10 @@ from .errors import DistributedRunError, RankFailure
 from .output import OutputRelay
 from .rank_process import RankSpec
 from .rank_start import STREAMS, RankHandle, close_all, fork_rank, preload_for_fork, spawn_rank
-from .tracebacks import innermost_frame, notebook_friendly, trim_stack_dump
+from .tracebacks import innermost_frame, native_threads, notebook_friendly, trim_stack_dump
+
+# Seconds a rank may take, after its result arrived, to free what its function left and exit.
+EXIT_GRACE_S = 30.0
 
 
 class RankGroup:
@@ -65,7 +68,10 @@ class RankGroup:
                 for kind, payload in (_decode(handle.rank, f) for f in handle.frames.feed(data)):
                     if kind == "rendezvous":  # a note on the way, not the rank's reply
                         handle.rendezvous = payload
+                    elif kind == "exiting":  # a note after the reply: what the rank does before it exits
+                        handle.exit_step = payload
                     else:
+                        handle.replied_at = time.monotonic()
                         handle.messages.append((kind, payload))
             else:
                 handle.stacks += data
@@ -124,12 +130,48 @@ class RankGroup:
             raise self.error(failures)
         return replies
 
+    def await_exits(self, results: dict, deadline: Optional[float] = None,
+                    grace: Optional[float] = None) -> None:
+        """After every rank's result arrived: wait until every rank has exited.
+
+        Each rank gets `grace` seconds (EXIT_GRACE_S) from its result to free what its function
+        left and exit, and never past `deadline` (the run's timeout). A rank still there is stuck
+        after its function returned: DistributedRunError names it with what it was doing, its
+        stacks and its threads, and carries every result in `.results`; then it is stopped.
+        """
+        __tracebackhide__ = True
+        grace = EXIT_GRACE_S if grace is None else grace
+        while True:
+            alive = [h for h in self.handles if h.alive]
+            if not alive:
+                return
+            now = time.monotonic()
+            timed_out = deadline is not None and now > deadline
+            late = [h for h in alive
+                    if timed_out or (h.replied_at is not None and now - h.replied_at > grace)]
+            if late:
+                failures = {}
+                self._add_stacks(late, failures, _stuck_after_return, phase="exiting")
+                raise self.error(failures, timed_out=timed_out, results=results)
+            ends = ([h.replied_at + grace for h in alive if h.replied_at is not None]
+                    + ([deadline] if deadline is not None else []))
+            self.pump(max(0.0, min(0.05, min(ends, default=now + 0.05) - now)))
+
     def _gave_up_on_messages(self, handle: RankHandle) -> bool:
         # A rank's DataLoader workers may hold its pipe open after it exits: wait briefly.
-        return not self._open(handle, "messages") or time.monotonic() - handle.exited_at > 0.5
+        return (not self._open(handle, "messages")
+                or (handle.exited_at is not None and time.monotonic() - handle.exited_at > 0.5))
 
-    def _add_stacks(self, busy, failures, summary: str, phase: str) -> None:
-        """Ask each busy rank for its Python stacks (faulthandler, SIGUSR1) and record where it waits."""
+    def _add_stacks(self, busy, failures, summary, phase: str) -> None:
+        """Ask each busy rank for its Python stacks (faulthandler, SIGUSR1) and record where it waits.
+
+        `summary`: one line for every rank, or a function of the handle that gives its line. Where
+        Python shows no frame (a thread stuck in C or C++), the rank's threads as Linux sees them follow.
+        """
+        # Before the signal (which may wake a wait it interrupts): the threads, and each rank's line.
+        threads = {handle.rank: native_threads(handle.pid) for handle in busy}
+        lines = {handle.rank: summary(handle, threads[handle.rank]) if callable(summary) else summary
+                 for handle in busy}
         for handle in busy:
             _signal(handle, signal.SIGUSR1)
         # Wait until every dump has arrived and stopped growing (3 s at most).
@@ -144,15 +186,17 @@ class RankGroup:
         for handle in busy:
             stack = notebook_friendly(trim_stack_dump(handle.stacks.decode("utf-8", "replace")))
             handle.stacks.clear()
+            shown = threads[handle.rank] if phase == "exiting" or "<no Python frame>" in stack else ""
             waiting_in = innermost_frame(stack)
             failures[handle.rank] = RankFailure(
-                handle.rank, phase, summary + (f", waiting in {waiting_in}" if waiting_in else ""),
-                when=time.time(), stack=stack, waiting_in=waiting_in)
+                handle.rank, phase, lines[handle.rank] + (f", waiting in {waiting_in}" if waiting_in else ""),
+                when=time.time(), stack=stack, waiting_in=waiting_in, threads=shown)
 
-    def error(self, failures, timed_out=False) -> DistributedRunError:
+    def error(self, failures, timed_out=False, results=None) -> DistributedRunError:
         self.relay.flush()
         note = _rendezvous_note(self.handles, failures) if timed_out else ""
-        return DistributedRunError(failures, self.relay.outputs(), len(self.handles), timed_out, note)
+        return DistributedRunError(failures, self.relay.outputs(), len(self.handles), timed_out, note,
+                                   dict(results or {}))
 
     # -- stopping ------------------------------------------------------------------------------
     def send(self, rank: int, payload: bytes) -> None:
@@ -203,6 +247,26 @@ class RankGroup:
                 handle.popen.returncode = handle.returncode
             if handle.writer is not None:
                 handle.writer.join(timeout=1)
+
+
+def _stuck_after_return(handle: RankHandle, threads: str) -> str:
+    """What a rank that sent its result but did not exit was doing (its own note says)."""
+    step = handle.exit_step or {}
+    seconds = 0.0 if handle.replied_at is None else time.monotonic() - handle.replied_at
+    if step.get("step") == "freeing":
+        names = [f"{name} ({kind})" for name, kind in step.get("locals", [])]
+        doing = "freeing your function's local variables" + (f": {', '.join(names)}" if names else "")
+    elif step.get("step") == "destroy_process_group":
+        doing = "in destroy_process_group(), which the launcher calls after your function"
+    else:
+        doing = "before it could exit"
+    line = f"your function returned and its result arrived, then the rank was stuck {seconds:.0f} s {doing}"
+    gloo_waits = "pt_gloo_runloop" in threads and "(main thread): waits on a lock" in threads
+    if any(kind == "DistributedDataParallel" for _, kind in step.get("locals", [])) and gloo_waits:
+        line += (" (freeing DDP's Reducer frees its gloo process group once destroy_process_group() "
+                 "has run; gloo's destructor then waits for its worker threads, and a worker that "
+                 "frees a finished all-reduce waits for the Python lock: PyTorch issue 56297)")
+    return line
 
 
 def _rendezvous_note(handles: List[RankHandle], failures) -> str:

@@ -27,13 +27,15 @@ class RankHandle:
     fds: Dict[str, int]                      # the launcher's ends: STREAMS and "control"
     popen: Optional[subprocess.Popen] = None
     returncode: Optional[int] = None         # negative: killed by that signal
-    exited_at: float = 0.0
+    exited_at: Optional[float] = None        # time.monotonic() when its exit was seen; None: not yet
     frames: channel.FrameBuffer = field(default_factory=channel.FrameBuffer)
     messages: deque = field(default_factory=deque)
     stacks: bytearray = field(default_factory=bytearray)
     pidfd: Optional[int] = None
     writer: Optional[threading.Thread] = None  # spawn: sends the spec and job in the background
     rendezvous: Optional[dict] = None        # where the rank's own init_process_group went, if it called one
+    replied_at: Optional[float] = None       # time.monotonic() of its latest reply; None: none yet
+    exit_step: Optional[dict] = None         # what it does after its function returned (rank_process)
 
     @property
     def alive(self) -> bool:
@@ -66,6 +68,10 @@ def preload_for_fork() -> None:
     DistributedDataParallel's constructor imports torch._dynamo (hundreds of modules, seconds):
     imported here, the first launch pays it once and each later rank inherits it for free.
     In a notebook, so is tqdm's notebook bar, which each rank turns into a text bar.
+
+    torch._dynamo imports torch.distributed.nn, so a rank now has it before init_process_group,
+    which changes how a DDP model frees its process group (issue 21): rank_process's
+    `keep_process_groups` makes that safe in every rank, whatever was imported when.
     """
     modules = ["torch._dynamo"] + (["tqdm.auto", "tqdm.notebook"] if "ipykernel.zmqshell" in sys.modules else [])
     for module in modules:

@@ -29,7 +29,11 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     - ``join=False`` is refused: ranks never outlive the call (``daemon`` is accepted and changes
       nothing). For ranks that stay alive between cells, use DistributedSession.
 
-    ``backend``, ``timeout`` and ``output`` mean what they mean for ``launch``.
+    ``backend``, ``timeout`` and ``output`` mean what they mean for ``launch``; so does the way a
+    rank ends. With ``timeout=None`` (the default, as ``mp.spawn`` has none) a rank inside ``fn``
+    may run as long as it needs, but a rank stuck after ``fn`` returned (freeing its variables)
+    is stopped 30 s after its result and named in a DistributedRunError, whose ``.results`` holds
+    what every rank returned: the call never hangs there.
     """
     if not join:
         raise ValueError("spawn(join=False): in a notebook, spawn waits for its ranks and returns "

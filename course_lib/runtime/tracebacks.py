@@ -25,21 +25,86 @@ def describe_current_exception(phase: str) -> dict:
             "traceback": notebook_friendly(text), "when": time.time()}
 
 
+# What a rank is doing when its innermost Python frame is course_lib's own (a wait in C below it)
+_INTERNAL_STEPS = {
+    "free": "freeing the local variables your function left, after it returned",
+    "_destroy_process_group": "in destroy_process_group(), after your function returned",
+    "__call__": "calling your function, or in what it called from C",
+}
+
+
 def trim_stack_dump(text: str) -> str:
     """Cut each thread of a faulthandler dump (most recent call first) where the launcher begins.
 
     Below that point are the launcher's own frames and, in a forked rank, the notebook's stack.
+    A thread whose innermost frame is already the launcher's keeps one line saying what it does.
     """
-    kept, in_launcher = [], False
+    kept, in_launcher, first_frame = [], False, False
     for line in text.splitlines():
         is_frame = line.strip().startswith("File ")
         if not is_frame:
-            in_launcher = False  # a new thread's header, or a blank line between threads
+            in_launcher, first_frame = False, True  # a new thread's header, or a blank line between threads
         elif any(f'"{name}"' in line for name in INTERNAL_FILES):
+            if first_frame and not in_launcher:
+                function = line.rsplit(" in ", 1)[-1].strip()
+                step = _INTERNAL_STEPS.get(function, "in course_lib's rank code")
+                kept.append(f"{line[:len(line) - len(line.lstrip())]}(course_lib: {step}; no Python "
+                            f"frame of yours above it)")
             in_launcher = True
+        if is_frame:
+            first_frame = False
         if not in_launcher:
             kept.append(line)
     return "\n".join(kept)
+
+
+_WAITS = (("futex", "waits on a lock, a condition or a thread join (futex)"),
+          ("epoll", "waits for socket or pipe I/O (epoll)"), ("poll", "waits for I/O (poll)"),
+          ("select", "waits for I/O (select)"), ("pause", "waits for a signal (pause)"),
+          ("nanosleep", "sleeps"), ("hrtimer", "sleeps"), ("pipe", "waits on a pipe"),
+          ("wait4", "waits for a child process"), ("do_wait", "waits for a child process"),
+          ("accept", "waits for a connection"), ("recv", "waits for data from a socket"))
+
+
+def native_threads(pid: int) -> str:
+    """Each thread of process `pid` as Linux shows it: its name and what the kernel says it waits in.
+
+    Cheap (a few files in /proc, no debugger): what faulthandler cannot show for threads without
+    a Python frame (gloo's, NCCL's, DataLoader pin-memory's). "" where /proc is not there.
+    """
+    base = f"/proc/{pid}/task"
+    try:
+        tids = sorted(os.listdir(base), key=int)
+    except (OSError, ValueError):
+        return ""
+    rows = {}
+    for tid in tids:
+        try:
+            name = _read(f"{base}/{tid}/comm").strip()
+            state = _read(f"{base}/{tid}/stat").rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        try:
+            wchan = _read(f"{base}/{tid}/wchan").strip()
+        except OSError:
+            wchan = ""
+        if state == "R":
+            what = "is running"
+        else:
+            what = next((words for key, words in _WAITS if key in wchan),
+                        f"waits in the kernel's {wchan}" if wchan not in ("", "0") else "waits")
+        label = f"{name} (main thread)" if tid == str(pid) else name
+        rows[(label, what)] = rows.get((label, what), 0) + 1
+    if not rows:
+        return ""
+    lines = ["Threads, as Linux shows them (threads of C++ code have no Python frame):"]
+    lines += [f"  {label}{f' x{count}' if count > 1 else ''}: {what}" for (label, what), count in rows.items()]
+    return "\n".join(lines)
+
+
+def _read(path: str) -> str:
+    with open(path) as file:
+        return file.read()
 
 
 _cell_names_of_the_kernel = {}  # a forked rank's copy: it leaves IPython, but its code came from cells
