@@ -1,5 +1,6 @@
 """The package's layers: few modules at the top, short imports for learners, no upward import."""
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,29 @@ def test_the_short_names_are_the_real_ones():
     from course_lib.training.trainers import Trainer
 
     assert course_lib.launch is launch and course_lib.Trainer is Trainer
+
+
+def notebook_imports():
+    """(notebook, module, name) for every `from course_lib... import name` in solutions/ and lessons/."""
+    import nbformat
+
+    # `from m import a, b` on one line, or `from m import (a,\n b)` over several
+    pattern = re.compile(r"^[ \t]*from[ \t]+(course_lib[\w.]*)[ \t]+import[ \t]+(\([\w\s,]+\)|[\w \t,]+)", re.M)
+    for path in sorted(PACKAGE.parent.glob("*/[0-9][0-9]_*.ipynb")):
+        for cell in nbformat.read(str(path), as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            for module, names in pattern.findall(cell.source):
+                for name in filter(None, (n.strip(" \t\n()") for n in names.split(","))):
+                    yield path.relative_to(PACKAGE.parent), module, name
+            for module in re.findall(r"^\s*import\s+(course_lib[\w.]*)", cell.source, re.M):
+                yield path.relative_to(PACKAGE.parent), module, ""
+
+
+def test_notebooks_import_from_the_facade_topics_training_and_graders_check_names():
+    found = list(notebook_imports())
+    assert found, "no notebook imports course_lib: is the pattern right?"
+    deep = [f"{path}: from {module} import {name}" for path, module, name in found
+            if module.startswith("course_lib.runtime")
+            or (module.startswith("course_lib.checks") and not name.startswith("check_"))]
+    assert not deep, "notebooks reach past the facade:\n" + "\n".join(deep)

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..topics.collectives import (_send_right_receive_left, count_traffic, naive_all_reduce, ring_chunks,
-                           ring_all_reduce_time)
+from ..topics.collectives import (_send_right_receive_left, collective_puzzle, count_traffic,
+                                 naive_all_reduce, ring_chunks, ring_all_reduce_time)
 from . import expect, expect_close, grader, wrong_answer
 from .ranks import run_on_ranks
 
@@ -31,17 +31,6 @@ ALLOWED_COLLECTIVES = {"barrier"}       # lines ranks up, moves no data
 
 
 # -- Exercise: predict the collectives ---------------------------------------------------------
-
-def collective_puzzle():
-    """Run on 3 ranks. What does `out` hold on each rank at the end?"""
-    rank = dist.get_rank()
-    x = torch.arange(3.0) + 10 * rank     # rank 0: [0, 1, 2], rank 1: [10, 11, 12], rank 2: ...
-    dist.broadcast(x, src=2)
-    x += rank
-    out = torch.zeros(1)
-    dist.reduce_scatter(out, list(x.chunk(3)))
-    return out
-
 
 @grader("predict the collectives")
 def check_collective_puzzle(predicted_out):

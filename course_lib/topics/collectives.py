@@ -14,7 +14,7 @@ from .cost_model import (algorithm_bandwidth, bus_bandwidth, fit_alpha_beta, mea
                          naive_all_reduce_time, ring_all_reduce_time, tree_all_reduce_time)
 from .traffic import Traffic, count_traffic
 
-__all__ = ["naive_all_reduce", "ring_all_reduce", "ring_chunks",
+__all__ = ["naive_all_reduce", "ring_all_reduce", "ring_chunks", "collective_puzzle",
            "count_traffic", "Traffic", "ring_all_reduce_time", "naive_all_reduce_time",
            "tree_all_reduce_time", "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth",
            "measure_all_reduce"]
@@ -94,3 +94,14 @@ def _check_contiguous(tensor, name):
     if not tensor.is_contiguous():
         raise ValueError(f"{name} works on the tensor's memory in place, but this tensor is "
                          "not contiguous; call it on tensor.contiguous() and copy the result back")
+
+
+def collective_puzzle():
+    """Run on 3 ranks. What does `out` hold on each rank at the end?"""
+    rank = dist.get_rank()
+    x = torch.arange(3.0) + 10 * rank     # rank 0: [0, 1, 2], rank 1: [10, 11, 12], rank 2: ...
+    dist.broadcast(x, src=2)
+    x += rank
+    out = torch.zeros(1)
+    dist.reduce_scatter(out, list(x.chunk(3)))
+    return out

@@ -6,7 +6,7 @@ from jupyter_client.manager import start_new_kernel
 
 from scripts import REPO, process_is_gone, run_cells
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # Jupyter kernels
 
 
 def test_a_cell_defined_function_runs_and_every_rank_prints_into_the_cell():

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from course_lib import launch
 from scripts import process_is_gone, run_script, start_script
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # hundreds of launches
 
 
 def _open_fds():

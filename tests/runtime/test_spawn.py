@@ -101,7 +101,7 @@ def test_a_fixed_port_already_in_use_fails_within_seconds_naming_the_port():
             spawn(setup_on_taken_port, args=(2,), nprocs=2, timeout=100, output="none")
         elapsed = time.monotonic() - start
     error = info.value
-    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert elapsed < 30, f"took {elapsed:.1f} s, not seconds: it waited for the timeout (100 s)?"
     assert error.root_cause.rank == 0 and f"port {port} is in use" in error.root_cause.summary
     assert f"port {port} is in use" in str(error)
     assert all(process_is_gone(int(error.outputs[rank][0])) for rank in (0, 1))  # rank 1 stopped too

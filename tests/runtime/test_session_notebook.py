@@ -6,7 +6,7 @@ from jupyter_client.manager import start_new_kernel
 
 from scripts import REPO, process_is_gone
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # Jupyter kernels
 
 
 class Kernel:

@@ -49,7 +49,8 @@ def test_other_ranks_are_stopped_within_seconds_of_a_failure():
 
     error = _error(one_fails_one_sleeps, timeout=200)
     # timed from the failure, not from the call: starting the ranks is slow on a busy machine
-    assert time.monotonic() - float(error.outputs[0][0]) < 15
+    # far below timeout=200: stopped seconds after the failure (3 s of grace), with room for load
+    assert time.monotonic() - float(error.outputs[0][0]) < 30
     assert error.root_cause.rank == 0
     # the rank still busy is shown with where it was, then stopped
     assert error.failures[1].phase == "hung" and "in one_fails_one_sleeps" in error.failures[1].stack
@@ -99,9 +100,10 @@ def test_a_timeout_shows_where_each_hung_rank_waits_and_stops_them_all():
         else:
             time.sleep(300)
 
-    start = time.monotonic()
-    error = _error(hang, timeout=3)
-    assert time.monotonic() - start < 12
+    start, timeout = time.monotonic(), 3
+    error = _error(hang, timeout=timeout)
+    # the timeout, up to 3 s for the stacks, the stop's grace, and room for a loaded machine
+    assert time.monotonic() - start < timeout + 15
     assert error.timed_out and error.failed_ranks == [0, 1]
     assert error.failures[0].waiting_in.startswith("all_reduce (distributed_c10d.py:")
     assert "in hang" in error.failures[1].stack

@@ -19,7 +19,7 @@ import pytest
 
 from scripts import REPO
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # JupyterLab in a browser
 
 BAR = re.compile(r"\[rank0\] ddp x2:\s+(\d+)%\|")
 COURSE_SETTINGS = os.path.join("jupyter", "course-lib-settings.json")

@@ -3,7 +3,7 @@ import pytest
 
 from scripts import run_cells
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # Jupyter kernels
 
 PASTED_CODE = '''\
 import os, socket, time
@@ -68,4 +68,4 @@ def test_an_occupied_fixed_port_fails_in_seconds_from_a_notebook_kernel():
         "occupant.close()",
     )
     seconds = float(outputs[1].split("seconds:")[1].split()[0])
-    assert seconds < 10 and "named: True" in outputs[1]
+    assert seconds < 30 and "named: True" in outputs[1]  # seconds, far below its timeout of 100 s

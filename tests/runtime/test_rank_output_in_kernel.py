@@ -8,7 +8,7 @@ from nbclient import NotebookClient
 
 from scripts import REPO
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # Jupyter kernels
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
