@@ -1,6 +1,6 @@
 """Launch latency: trivial 2-rank launches (one all_reduce, results returned), side by side.
 
-Compares course_lib.runtime.launch (fork and spawn) with torch's raw start_processes(start_method="fork")
+Compares course_lib.runtime.launcher.launch (fork and spawn) with torch's raw start_processes(start_method="fork")
 and, when installed, Accelerate's notebook_launcher. Runs are interleaved round by round so that
 load on the machine hits every method alike; medians and ratios to the raw fork start are printed.
 Targets (issue 2): course_lib fork within 1.5x of raw fork, and faster than Accelerate.
@@ -83,8 +83,8 @@ def accelerate_notebook_launcher():
 
 def _methods():
     methods = {"raw start_processes (fork)": raw_start_processes_fork,
-               "course_lib.runtime.launch (fork)": course_lib_fork,
-               "course_lib.runtime.launch (spawn)": course_lib_spawn}
+               "course_lib.runtime.launcher.launch (fork)": course_lib_fork,
+               "course_lib.runtime.launcher.launch (spawn)": course_lib_spawn}
     try:
         import accelerate  # noqa: F401
 
@@ -116,10 +116,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib import launch
-import course_lib.runtime.rank_group as rank_group
+import course_lib.runtime.launcher.supervisor as supervisor
 
 if sys.argv[1] == "no-preload":
-    rank_group.preload_for_fork = lambda: None
+    supervisor.preload_for_fork = lambda: None
 
 def build_ddp_and_step():
     ddp_model = DDP(nn.Linear(16, 4))
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     print(f"\n{'method':<32} {'runs':>4} {'median':>9} {'vs raw fork':>12}")
     for name, median in medians.items():
         print(f"{name:<32} {len(times[name]):>4} {median * 1000:>7.1f}ms {median / baseline:>11.2f}x")
-    ours = medians["course_lib.runtime.launch (fork)"]
+    ours = medians["course_lib.runtime.launcher.launch (fork)"]
     verdicts = [("course_lib fork within 1.5x of raw fork", ours <= 1.5 * baseline)]
     if "accelerate notebook_launcher" in medians:
         verdicts.append(("course_lib fork faster than Accelerate", ours < medians["accelerate notebook_launcher"]))

@@ -20,16 +20,16 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it
 _EXPORTS = {
-    "launch": "course_lib.runtime.launch",
-    "spawn": "course_lib.runtime.spawn",
-    "DistributedRunError": "course_lib.runtime.errors",
-    "DistributedSession": "course_lib.runtime.session",
-    "current_session": "course_lib.runtime.magic",
-    "device_for_rank": "course_lib.runtime.env",
-    "gpu_count": "course_lib.runtime.env",
-    "cpu_cores": "course_lib.runtime.env",
-    "choose_start_method": "course_lib.runtime.env",
-    "threads_per_rank": "course_lib.runtime.env",
+    "launch": "course_lib.runtime.launcher.launch",
+    "spawn": "course_lib.runtime.launcher.spawn",
+    "DistributedRunError": "course_lib.runtime.shared.errors",
+    "DistributedSession": "course_lib.runtime.launcher.session",
+    "current_session": "course_lib.runtime.launcher.magic",
+    "device_for_rank": "course_lib.runtime.shared.env",
+    "gpu_count": "course_lib.runtime.shared.env",
+    "cpu_cores": "course_lib.runtime.shared.env",
+    "choose_start_method": "course_lib.runtime.shared.env",
+    "threads_per_rank": "course_lib.runtime.shared.env",
     "free_port": "course_lib.topics.cluster",
     "Trainer": "course_lib.training.trainers",
     "TrainConfig": "course_lib.training.trainers",
@@ -53,6 +53,6 @@ def __dir__():
 
 def load_ipython_extension(ipython):
     """`%load_ext course_lib` registers the `%%distributed` cell magic."""
-    from .runtime.magic import register
+    from .runtime.launcher.magic import register
 
     register(ipython)

@@ -4,7 +4,7 @@ import sys
 
 # command -> (module, function, one-line help); each function takes argv and returns an exit code.
 COMMANDS = {
-    "doctor": ("course_lib.runtime.doctor", "main", "check this machine can run the course"),
+    "doctor": ("course_lib.runtime.launcher.doctor", "main", "check this machine can run the course"),
     "train": ("course_lib.training.train_cli", "main", "train the course model (plainly or under torchrun)"),
     "build-lessons": ("course_lib.authoring", "build_lessons_main", "write lessons/ from solutions/"),
     "check": ("course_lib.authoring", "check_main", "grade your lesson NN's exercises"),

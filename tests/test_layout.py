@@ -62,6 +62,48 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     assert found == {"training", "topics"}
 
 
+# The runtime's roles: each may import the ones listed with it, never another.
+RUNTIME_ROLES = {"shared": {"shared"}, "rank": {"rank", "shared"}, "launcher": {"launcher", "rank", "shared"}}
+
+
+def runtime_role_of(dotted):
+    parts = dotted.split(".")
+    return parts[2] if parts[:2] == ["course_lib", "runtime"] and len(parts) > 2 and parts[2] in RUNTIME_ROLES else None
+
+
+def role_crossings(modules):
+    """modules: (path, dotted name) pairs; each import that crosses a role it may not."""
+    crossings = []
+    for path, name in modules:
+        own = runtime_role_of(name)
+        package = name.rsplit(".", 1)[0]
+        for module in imported_modules(path, package=package):
+            other = runtime_role_of(module)
+            if own is not None and other is not None and other not in RUNTIME_ROLES[own]:
+                crossings.append(f"{name} ({own}) imports {module} ({other})")
+    return crossings
+
+
+def test_the_runtime_is_split_by_where_code_runs():
+    runtime = PACKAGE / "runtime"
+    assert {p.name for p in runtime.iterdir() if (p / "__init__.py").exists()} == set(RUNTIME_ROLES)
+    assert sorted(p.name for p in runtime.glob("*.py")) == ["__init__.py"], "every module has a role"
+    modules = [(path, "course_lib." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+               for path in runtime.rglob("*.py")]
+    crossings = role_crossings(modules)
+    assert not crossings, "the rank side never imports the launcher; the shared bottom neither:\n" + "\n".join(crossings)
+
+
+def test_the_role_checker_sees_a_crossing(tmp_path):
+    (tmp_path / "rank_probe.py").write_text("def f():\n    from ..launcher import supervisor\n")
+    (tmp_path / "shared_probe.py").write_text("from course_lib.runtime.rank import main\n")
+    (tmp_path / "launcher_probe.py").write_text("from ..rank.main import run_rank\nfrom ..shared import env\n")
+    found = role_crossings([(tmp_path / "rank_probe.py", "course_lib.runtime.rank.probe"),
+                            (tmp_path / "shared_probe.py", "course_lib.runtime.shared.probe"),
+                            (tmp_path / "launcher_probe.py", "course_lib.runtime.launcher.probe")])
+    assert len(found) == 2 and "launcher.supervisor" in found[0] and "rank.main" in found[1]
+
+
 def test_daily_names_come_from_the_package_without_loading_torch():
     code = ("import sys, course_lib; assert 'torch' not in sys.modules, 'import course_lib loaded torch'; "
             f"names = {DAILY_NAMES!r}; "
@@ -72,7 +114,7 @@ def test_daily_names_come_from_the_package_without_loading_torch():
 
 
 def test_the_short_names_are_the_real_ones():
-    from course_lib.runtime.launch import launch
+    from course_lib.runtime.launcher.launch import launch
     from course_lib.training.trainers import Trainer
 
     assert course_lib.launch is launch and course_lib.Trainer is Trainer

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 
+from ..runtime.shared.process_group import signal_group
 from .cells import exercise_name, is_check_cell, is_code, is_exercise_cell
 from .layout import find_course_root, find_lesson
 from .sanitize import write_sanitize_file
@@ -73,10 +74,7 @@ def run_with_deadline(command, folder: Path, timeout_s: float):
     try:
         return process.communicate(timeout=timeout_s)[0]
     except subprocess.TimeoutExpired:
-        if os.name == "posix":
-            os.killpg(process.pid, signal.SIGKILL)
-        else:
-            process.kill()
+        signal_group(process.pid, signal.SIGKILL)
         process.communicate()
         return None
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import nbformat
 
-from ..runtime import env
-from ..runtime.doctor import gpu_descriptions
+from ..runtime.shared import env
+from ..runtime.launcher.doctor import gpu_descriptions
 from .check import ANSI_COLOR
 from .layout import SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs

@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from . import expect, expect_close, expect_equal, grader, wrong_answer
 from ..topics import pitfalls
 from ..training.data import make_dataset
-from ..runtime.env import device_for_rank
-from ..runtime.launch import DistributedRunError, launch
+from ..runtime.shared.env import device_for_rank
+from ..runtime.launcher.launch import DistributedRunError, launch
 from ..training.models import make_model_with_unused_branch
 
 LAUNCH_TIMEOUT_S = 20   # a correct answer takes well under a second; past this, it hangs

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_lib.training.data import make_dataset
-from course_lib.runtime.env import choose_backend, device_for_rank
+from course_lib.runtime.shared.env import choose_backend, device_for_rank
 from course_lib.training.models import make_model
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic, sleep
 
+from ..runtime.shared.process_group import signal_group
+
 __all__ = ["RankPlace", "rank_layout", "free_port", "torchrun_command", "run_nodes", "NodeRun",
            "slurm_script"]
 
@@ -187,10 +189,7 @@ def stop_processes(processes, grace_s: float = 5.0) -> None:
 
 def _signal_groups(processes, signum) -> None:
     for process in processes:
-        try:
-            os.killpg(process.pid, signum)  # the group this Popen leads
-        except ProcessLookupError:
-            pass
+        signal_group(process.pid, signum)  # the group this Popen leads
 
 
 def _descendants(pid: int) -> list:

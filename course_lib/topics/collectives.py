@@ -1,7 +1,7 @@
 """Reference collectives built from point-to-point sends: the naive all-reduce through rank 0,
 then the ring all-reduce (reduce-scatter, then all-gather) that NCCL and gloo use for big tensors.
 
-Run them inside a rank (under course_lib.runtime.launch or torchrun). The byte counter that grades the
+Run them inside a rank (under course_lib.runtime.launcher.launch or torchrun). The byte counter that grades the
 ring exercise lives in course_lib.topics.traffic, the alpha-beta cost model in course_lib.topics.cost_model;
 both are re-exported here so a lesson needs one import:
 

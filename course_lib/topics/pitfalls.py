@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
-from ..runtime.tracebacks import notebook_friendly
+from ..runtime.shared.tracebacks import notebook_friendly
 
 # -- reading an error ----------------------------------------------------------------------------
 

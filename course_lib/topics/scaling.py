@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from .cost_model import ring_all_reduce_time
 from ..training.data import make_dataset
-from ..runtime.env import device_for_rank
-from ..runtime.launch import launch
+from ..runtime.shared.env import device_for_rank
+from ..runtime.launcher.launch import launch
 from ..training.models import make_model
 from .timing import Timing, synchronize
 

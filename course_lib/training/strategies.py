@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime.env import gpu_count
+from ..runtime.shared.env import gpu_count
 
 if dist.is_available():
     import torch.distributed.nn  # noqa: F401  now: imported after init (DDP does it), it pins the group

@@ -16,7 +16,7 @@ import typing
 import torch
 import torch.distributed as dist
 
-from ..runtime.env import gpu_count
+from ..runtime.shared.env import gpu_count
 from .amp import AMP_MODES
 from .data import make_dataset
 from .models import make_model
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         if under_torchrun:
             history = _train_under_torchrun(config, args)
         elif args.nprocs > 1:
-            from ..runtime.launch import launch
+            from ..runtime.launcher.launch import launch
 
             history = launch(train, config, args.samples, args.hidden, nprocs=args.nprocs,
                              backend=args.backend, timeout=args.timeout)[0]

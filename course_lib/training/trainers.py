@@ -17,7 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint
-from ..runtime.env import seed_everything
+from ..runtime.shared.env import seed_everything
 from .amp import AMP_MODES, Precision
 from .loading import make_loader
 from .measure import PhaseTimer, StepClock, peak_memory_bytes, reset_peak_memory

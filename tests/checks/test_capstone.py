@@ -98,7 +98,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_lib import device_for_rank, make_dataset, make_model
-from course_lib.runtime.env import choose_backend
+from course_lib.runtime.shared.env import choose_backend
 from course_lib.training.amp import choose_amp
 
 parser = argparse.ArgumentParser()

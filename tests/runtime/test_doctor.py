@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.runtime import doctor
+from course_lib.runtime.launcher import doctor
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,9 +62,9 @@ def test_doctor_fails_when_the_test_launch_fails(monkeypatch, capsys):
     def broken_launch(*args, **kwargs):
         raise RuntimeError("ranks could not meet")
 
-    import course_lib.runtime.launch  # imported by the test itself: it runs alone too
+    import course_lib.runtime.launcher.launch  # imported by the test itself: it runs alone too
 
-    monkeypatch.setattr(course_lib.runtime.launch, "launch", broken_launch)
+    monkeypatch.setattr(course_lib.runtime.launcher.launch, "launch", broken_launch)
     assert doctor.main([]) == 1
     assert "FAIL: ranks could not meet" in capsys.readouterr().out
 

@@ -1,9 +1,9 @@
-"""course_lib.runtime.env: the backend, start method, threads and device each rank gets (logic, on CPU)."""
+"""course_lib.runtime.shared.env: the backend, start method, threads and device each rank gets (logic, on CPU)."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib.runtime import env
+from course_lib.runtime.shared import env
 
 
 @pytest.fixture

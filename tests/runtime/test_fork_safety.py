@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import DistributedSession, launch, spawn
-from course_lib.runtime import env
+from course_lib.runtime.shared import env
 
 
 @pytest.fixture

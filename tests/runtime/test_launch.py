@@ -1,4 +1,4 @@
-"""course_lib.runtime.launch: results, functions of every kind, torchrun's environment, output relay."""
+"""course_lib.runtime.launcher.launch: results, functions of every kind, torchrun's environment, output relay."""
 import contextlib
 import io
 import os

@@ -1,4 +1,4 @@
-"""course_lib.runtime.launch when things go wrong: errors, crashes, timeouts, interrupts, bad requests."""
+"""course_lib.runtime.launcher.launch when things go wrong: errors, crashes, timeouts, interrupts, bad requests."""
 import os
 import signal
 import sys
@@ -33,7 +33,7 @@ def test_an_exception_names_every_failed_rank_and_leads_with_the_root_cause():
     assert error.root_cause.rank == 1 and error.root_cause.phase == "running"
     assert "ValueError: bad shape on purpose" in error.root_cause.traceback
     assert "in fails_on_rank_1" in error.root_cause.traceback  # the learner's frame
-    assert "rank_process.py" not in error.root_cause.traceback  # not the launcher's
+    assert "main.py" not in error.root_cause.traceback  # not the launcher's
     text = str(error)
     assert "Root cause: rank 1 in your function: ValueError: bad shape on purpose" in text
     assert error.outputs[0] == ["rank 0 starting"] and error.outputs[1] == ["rank 1 starting"]
@@ -123,7 +123,7 @@ def test_bad_requests_get_clear_errors(monkeypatch):
     with pytest.raises(TypeError, match="pickling them"):
         lock = __import__("threading").Lock()
         launch(lambda: lock, start_method="spawn")
-    monkeypatch.setattr("course_lib.runtime.env.cpu_cores", lambda: 1)
+    monkeypatch.setattr("course_lib.runtime.shared.env.cpu_cores", lambda: 1)
     with pytest.warns(RuntimeWarning, match="2 ranks on 1 CPU cores") as warned:
         assert launch(lambda: 1, nprocs=2, timeout=60, output="none") == [1, 1]
     assert warned[0].filename == __file__  # the learner's line, not the library's

@@ -1,4 +1,4 @@
-"""course_lib.runtime.launch inside a real Jupyter kernel: output in the cell, captures, interrupts."""
+"""course_lib.runtime.launcher.launch inside a real Jupyter kernel: output in the cell, captures, interrupts."""
 import time
 
 import pytest

@@ -1,4 +1,4 @@
-"""course_lib.runtime.launch over many runs: no leaked processes or descriptors, loopback only, no collisions."""
+"""course_lib.runtime.launcher.launch over many runs: no leaked processes or descriptors, loopback only, no collisions."""
 import os
 
 import pytest

@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from course_lib.runtime.output import OutputRelay
+from course_lib.runtime.shared.output import OutputRelay
 
 # The monotonic clock starts near zero at boot: a machine up for seconds must behave like one up
 # for days. Each clock below stands still unless a test moves it.

@@ -14,10 +14,10 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import DistributedRunError, launch, spawn
-from course_lib.runtime import rank_group
-from course_lib.runtime.errors import DistributedRunError as ErrorClass, RankFailure
-from course_lib.runtime.rank_process import CalleeFrame
-from course_lib.runtime.tracebacks import native_threads, trim_stack_dump
+from course_lib.runtime.launcher import supervisor
+from course_lib.runtime.shared.errors import DistributedRunError as ErrorClass, RankFailure
+from course_lib.runtime.rank.main import CalleeFrame
+from course_lib.runtime.shared.tracebacks import native_threads, trim_stack_dump
 from scripts import process_is_gone
 
 pytestmark = pytest.mark.timeout(180)
@@ -64,7 +64,7 @@ def test_a_rank_stuck_after_its_function_returned_is_named_within_timeout_plus_5
 
 
 def test_with_no_timeout_a_rank_stuck_after_return_is_stopped_after_the_grace(monkeypatch):
-    monkeypatch.setattr(rank_group, "EXIT_GRACE_S", 4.0)
+    monkeypatch.setattr(supervisor, "EXIT_GRACE_S", 4.0)
     start = time.monotonic()
     with pytest.raises(DistributedRunError) as info:
         spawn(stuck_on_rank_1, nprocs=2, init_process_group=True, output="none")  # no timeout
@@ -168,10 +168,10 @@ def test_native_threads_names_each_thread_and_what_it_waits_for():
 
 
 def test_a_thread_stuck_below_the_launchers_frames_says_what_it_was_doing():
-    here = os.path.dirname(os.path.abspath(rank_group.__file__))
+    rank_main = os.path.abspath(sys.modules[CalleeFrame.__module__].__file__)  # the rank side's module
     dump = ("Current thread 0x00007f (most recent call first):\n"
-            f'  File "{here}/rank_process.py", line 301 in free\n'
-            f'  File "{here}/rank_process.py", line 247 in __call__\n')
+            f'  File "{rank_main}", line 301 in free\n'
+            f'  File "{rank_main}", line 247 in __call__\n')
     trimmed = trim_stack_dump(dump)
     assert "(course_lib: freeing the local variables your function left, after it returned" in trimmed
     assert "line 301" not in trimmed

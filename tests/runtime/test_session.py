@@ -39,7 +39,7 @@ def test_an_error_names_the_rank_and_the_session_keeps_its_names(session):
     assert info.value.failed_ranks == [1]
     assert "ValueError: only on rank 1" in str(info.value)
     assert 'File "<distributed cell 2>", line 2' in info.value.root_cause.traceback
-    assert "session_rank.py" not in info.value.root_cause.traceback
+    assert "session_loop.py" not in info.value.root_cause.traceback
     assert session.pull("kept") == [0, 10]
     with pytest.raises(DistributedRunError, match="name 'missing' is not defined on rank 0"):
         session.pull("missing")

@@ -1,4 +1,4 @@
-"""The DDP strategy on 2 CPU ranks (gloo, via course_lib.runtime.launch) against one process with the 2x batch."""
+"""The DDP strategy on 2 CPU ranks (gloo, via course_lib.runtime.launcher.launch) against one process with the 2x batch."""
 import pytest
 import torch
 

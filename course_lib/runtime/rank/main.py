@@ -13,40 +13,12 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
 
-from . import channel
-from .rank_detach import detach_from_kernel
-from .tracebacks import describe_current_exception
-from .user_rendezvous import follow_user_rendezvous
-
-
-@dataclass
-class RankSpec:
-    """Everything a rank needs to know, fixed by the launcher before it starts."""
-
-    rank: int
-    world_size: int
-    backend: str
-    init_process_group: bool
-    threads: int
-    parent_pid: int
-    env: Dict[str, str] = field(default_factory=dict)
-    sys_path: list = field(default_factory=list)
-    job: Any = None                # a callable job(spec, pipes); None: sent later on the control pipe
-    pg_timeout_s: Optional[float] = None
-
-
-@dataclass
-class RankPipes:
-    """The rank's ends of its pipes (file descriptor numbers)."""
-
-    stdout: int
-    stderr: int
-    messages: int    # rank -> launcher: results and errors
-    control: int     # launcher -> rank: the job (spawn) and session commands
-    stacks: int      # rank -> launcher: faulthandler's stack dumps on SIGUSR1
+from ..shared import channel
+from ..shared.protocol import ERROR, EXITING, OK, RENDEZVOUS, RankPipes, RankSpec, unpicklable_result
+from .detach import detach_from_kernel
+from ..shared.tracebacks import describe_current_exception
+from .own_rendezvous import follow_user_rendezvous
 
 
 def run_rank(spec: RankSpec, pipes: RankPipes, forked: bool) -> None:
@@ -111,7 +83,7 @@ def _run_phases(spec: RankSpec, pipes: RankPipes) -> int:
         if spec.init_process_group:
             _init_process_group(spec)
         else:  # the user's code sets up its own process group, wherever it chooses
-            follow_user_rendezvous(lambda where: channel.send(pipes.messages, ("rendezvous", where)))
+            follow_user_rendezvous(lambda where: channel.send(pipes.messages, (RENDEZVOUS, where)))
         phase = "running"
         job(spec, pipes)
         if spec.init_process_group:
@@ -184,7 +156,7 @@ def keep_process_groups() -> None:
     `_register_process_group` and `_unregister_process_group` / `_unregister_all_process_groups`
     (torch 2.8 to 2.15, the tested range); without the latter, every group lives until the exit,
     and without the former nothing changes (a rank stuck as it ends is still reported, see
-    rank_group.RankGroup.await_exits).
+    launcher/supervisor.RankSupervisor.await_exits).
     """
     try:
         import torch.distributed.distributed_c10d as c10d
@@ -243,14 +215,14 @@ def _held_outside_torch(group, frame) -> bool:
 def _note_exit_step(messages_fd: int, step: dict) -> None:
     """Tell the launcher what this rank does after its result: named if the rank gets stuck there."""
     try:
-        channel.send(messages_fd, ("exiting", dict(step, when=time.time())))
+        channel.send(messages_fd, (EXITING, dict(step, when=time.time())))
     except BaseException:  # noqa: BLE001 - the launcher is gone; the exit code still tells
         pass
 
 
 def _report_error(messages_fd: int, phase: str) -> None:
     try:
-        channel.send(messages_fd, ("error", describe_current_exception(phase)))
+        channel.send(messages_fd, (ERROR, describe_current_exception(phase)))
     except BaseException:  # noqa: BLE001 - the launcher is gone; the exit code still tells
         pass
 
@@ -279,12 +251,10 @@ class CallFunction:
         with callee:
             result = self.fn(*args, **self.kwargs)
         try:
-            payload = channel.dumps(("ok", result))
+            payload = channel.dumps((OK, result))
         except Exception as exc:  # noqa: BLE001
-            raise _in_phase(TypeError(
-                f"rank {spec.rank} returned a {type(result).__name__} that cannot be pickled "
-                f"({type(exc).__name__}: {exc}); return tensors, numbers, strings or containers of them"
-            ), "returning") from None
+            message = unpicklable_result(spec.rank, result, exc).removeprefix("TypeError: ")
+            raise _in_phase(TypeError(message), "returning") from None
         del result
         channel.write_frame(pipes.messages, payload)
         # The work is reported: now free what the function left, as its return would have.

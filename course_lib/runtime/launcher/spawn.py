@@ -5,7 +5,7 @@ Code from the PyTorch tutorials runs as written, with launch's output relay, err
 from typing import Any, Callable, List, Optional
 
 from .launch import run_ranks
-from .rank_process import CallFunction
+from ..rank.main import CallFunction
 
 __all__ = ["spawn"]
 

@@ -13,11 +13,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from . import channel
-from .rank_process import RankPipes, RankSpec, run_rank
+from ..shared import channel
+from ..rank.main import run_rank
+from ..shared.protocol import RankPipes, RankSpec
 
 STREAMS = ("stdout", "stderr", "messages", "stacks")
-SPAWNED_MAIN = "from course_lib.runtime.rank_process import spawned_main; spawned_main()"
+SPAWNED_MAIN = "from course_lib.runtime.rank.main import spawned_main; spawned_main()"
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from .tracebacks import keep_cell_names
+from ..shared.tracebacks import keep_cell_names
 
 NOTE = ("[course_lib] a rank cannot send widgets or rich displays to the notebook (only the kernel can); "
         "this one was dropped. Print text instead, or use tqdm's text bars (tqdm.auto does so in a rank)\n")

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import List, NamedTuple
 
-from . import env
+from ..shared import env
 
 # The versions the whole test suite has passed on (README, "Run every test"): MIN_TORCH is
 # pyproject.toml's lower bound; CI runs the pinned CPU build and the newest release on every change.

@@ -9,18 +9,19 @@ import signal
 import time
 from typing import List, Optional
 
-from . import channel
-from .errors import DistributedRunError, RankFailure
-from .output import OutputRelay
-from .rank_process import RankSpec
-from .rank_start import STREAMS, RankHandle, close_all, fork_rank, preload_for_fork, spawn_rank
-from .tracebacks import innermost_frame, native_threads, notebook_friendly, trim_stack_dump
+from ..shared import channel
+from ..shared.errors import DistributedRunError, RankFailure
+from ..shared.output import OutputRelay
+from ..shared.process_group import signal_group
+from ..shared.protocol import ERROR, EXITING, OK, RENDEZVOUS, RankSpec, error_record
+from .starter import STREAMS, RankHandle, close_all, fork_rank, preload_for_fork, spawn_rank
+from ..shared.tracebacks import innermost_frame, native_threads, notebook_friendly, trim_stack_dump
 
 # Seconds a rank may take, after its result arrived, to free what its function left and exit.
 EXIT_GRACE_S = 30.0
 
 
-class RankGroup:
+class RankSupervisor:
     """A set of running ranks; `collect()` gathers one message from each."""
 
     def __init__(self, specs: List[RankSpec], start_method: str, relay: OutputRelay, job_bytes=None):
@@ -66,9 +67,9 @@ class RankGroup:
                 self.relay.feed(handle.rank, name, data)
             elif name == "messages":
                 for kind, payload in (_decode(handle.rank, f) for f in handle.frames.feed(data)):
-                    if kind == "rendezvous":  # a note on the way, not the rank's reply
+                    if kind == RENDEZVOUS:  # a note on the way, not the rank's reply
                         handle.rendezvous = payload
-                    elif kind == "exiting":  # a note after the reply: what the rank does before it exits
+                    elif kind == EXITING:  # a note after the reply: what the rank does before it exits
                         handle.exit_step = payload
                     else:
                         handle.replied_at = time.monotonic()
@@ -104,7 +105,7 @@ class RankGroup:
                     continue
                 if handle.messages:
                     kind, payload = handle.messages.popleft()
-                    if kind == "ok":
+                    if kind == OK:
                         replies[handle.rank] = payload
                     else:
                         failures[handle.rank] = RankFailure(handle.rank, **payload)
@@ -173,7 +174,7 @@ class RankGroup:
         lines = {handle.rank: summary(handle, threads[handle.rank]) if callable(summary) else summary
                  for handle in busy}
         for handle in busy:
-            _signal(handle, signal.SIGUSR1)
+            signal_group(handle.pid, signal.SIGUSR1)
         # Wait until every dump has arrived and stopped growing (3 s at most).
         end, last_sizes, stable_since = time.monotonic() + 3.0, None, time.monotonic()
         while time.monotonic() < end:
@@ -213,7 +214,7 @@ class RankGroup:
             if not alive:
                 break
             for handle in alive if sig else []:
-                _signal(handle, sig)
+                signal_group(handle.pid, sig)
             end = time.monotonic() + grace
             while any(h.alive for h in self.handles) and time.monotonic() < end:
                 try:
@@ -299,9 +300,8 @@ def _decode(rank: int, frame: bytes):
     try:
         return pickle.loads(frame)
     except Exception as exc:  # noqa: BLE001
-        return ("error", {"phase": "returning", "traceback": "", "when": time.time(),
-                          "summary": f"the launcher could not unpickle rank {rank}'s message: "
-                                     f"{type(exc).__name__}: {exc}"})
+        return (ERROR, error_record("returning", f"the launcher could not unpickle rank {rank}'s message: "
+                                                 f"{type(exc).__name__}: {exc}"))
 
 
 def _exit_failure(handle: RankHandle) -> RankFailure:
@@ -316,11 +316,3 @@ def _exit_failure(handle: RankHandle) -> RankFailure:
         summary = f"exited with code {code} without reporting a result"
     return RankFailure(handle.rank, "exit", summary, when=time.time(), exitcode=code)
 
-
-def _signal(handle: RankHandle, sig: int) -> None:
-    for kill, target in ((os.killpg, handle.pid), (os.kill, handle.pid)):
-        try:
-            kill(target, sig)
-            return
-        except (ProcessLookupError, PermissionError):
-            continue

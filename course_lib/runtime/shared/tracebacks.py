@@ -4,11 +4,13 @@ Cell file names become the "Cell In[N]" names learners see in their own tracebac
 """
 import os
 import sys
-import time
 import traceback
 
-INTERNAL_FILES = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-                  for name in ("rank_process.py", "rank_start.py", "rank_group.py", "launch.py", "session_rank.py")}
+from .protocol import error_record
+
+_RUNTIME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INTERNAL_FILES = {os.path.join(_RUNTIME, *name.split("/")) for name in (
+    "rank/main.py", "rank/session_loop.py", "launcher/starter.py", "launcher/supervisor.py", "launcher/launch.py")}
 
 
 def describe_current_exception(phase: str) -> dict:
@@ -21,8 +23,7 @@ def describe_current_exception(phase: str) -> dict:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(kind, value, tb))
     summary = "".join(traceback.format_exception_only(kind, value)).strip().splitlines()
-    return {"phase": phase, "summary": summary[-1] if summary else kind.__name__,
-            "traceback": notebook_friendly(text), "when": time.time()}
+    return error_record(phase, summary[-1] if summary else kind.__name__, notebook_friendly(text))
 
 
 # What a rank is doing when its innermost Python frame is course_lib's own (a wait in C below it)

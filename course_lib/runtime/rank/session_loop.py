@@ -8,11 +8,10 @@ import builtins
 import linecache
 import pickle
 import signal
-import time
 
-from . import channel
-from .rank_process import RankPipes, RankSpec
-from .tracebacks import describe_current_exception
+from ..shared import channel
+from ..shared.protocol import ERROR, OK, RankPipes, RankSpec, error_record, unpicklable_result
+from ..shared.tracebacks import describe_current_exception
 
 
 CLOSE = b"close"  # a frame that is not a pickle: the session ends
@@ -27,7 +26,7 @@ class SessionLoop:
                           "world_size": spec.world_size, "torch": torch, "dist": dist}
         self.running = False
         signal.signal(signal.SIGINT, self._on_interrupt)
-        channel.send(pipes.messages, ("ok", "ready"))
+        channel.send(pipes.messages, (OK, "ready"))
         while True:
             try:
                 frame = channel.receive_frame(pipes.control)
@@ -54,14 +53,11 @@ class SessionLoop:
                 self.running = False
         except BaseException:  # noqa: BLE001 - every error goes back to the notebook
             self.running = False
-            return channel.dumps(("error", describe_current_exception(phase)))
+            return channel.dumps((ERROR, describe_current_exception(phase)))
         try:
-            return channel.dumps(("ok", value))
+            return channel.dumps((OK, value))
         except Exception as exc:  # noqa: BLE001
-            return channel.dumps(("error", {
-                "phase": "returning", "traceback": "", "when": time.time(),
-                "summary": f"TypeError: the {type(value).__name__} on rank {rank} cannot be pickled "
-                           f"({type(exc).__name__}: {exc}); return tensors, numbers, strings or containers of them"}))
+            return channel.dumps((ERROR, error_record("returning", unpicklable_result(rank, value, exc))))
 
     def _exec(self, source: str, filename: str):
         """Run source like a cell: statements, then the value of a final expression."""

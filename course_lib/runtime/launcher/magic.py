@@ -7,7 +7,7 @@ from typing import Optional
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 
-from .output import OUTPUT_MODES
+from ..shared.output import OUTPUT_MODES
 from .session import DistributedSession
 
 _session: Optional[DistributedSession] = None

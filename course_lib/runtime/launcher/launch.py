@@ -10,12 +10,13 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import cloudpickle
 
-from . import env
-from .errors import DistributedRunError
-from .output import OutputRelay
-from .rank_group import RankGroup
-from .rank_process import CallFunction, RankSpec
-from .rendezvous import Rendezvous
+from ..shared import env
+from ..shared.errors import DistributedRunError
+from ..shared.output import OutputRelay
+from .supervisor import RankSupervisor
+from ..rank.main import CallFunction
+from ..shared.protocol import RankSpec
+from .store import Rendezvous
 
 __all__ = ["launch", "DistributedRunError"]
 
@@ -44,7 +45,7 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     DDP's Reducer never frees one: code that ends as the DDP tutorials do (``destroy_process_group()``
     with the model alive, then return) cannot hang in gloo's destructor (PyTorch issue 56297). A
     group nothing holds is freed there, as under torchrun. A rank must exit within 30 s of its
-    result (``rank_group.EXIT_GRACE_S``), and by ``timeout`` when one is given. With
+    result (``supervisor.EXIT_GRACE_S``), and by ``timeout`` when one is given. With
     ``timeout=None`` (the default) a rank still inside ``fn`` may run as long as it needs
     (interrupt the kernel to stop every rank), but one stuck after ``fn`` returned never hangs the
     call: it is stopped and reported.
@@ -81,7 +82,7 @@ def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: O
 
 def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional[str], output: str,
                 init_process_group: bool, pg_timeout_s: Optional[float],
-                who: str) -> Tuple[RankGroup, Rendezvous]:
+                who: str) -> Tuple[RankSupervisor, Rendezvous]:
     """Check the request, choose backend and start method, say so in one line, start the ranks."""
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs={nprocs!r}: need a whole number of processes, at least 1")
@@ -106,7 +107,7 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
                       job=job if method == "fork" else None, pg_timeout_s=pg_timeout_s)
              for rank in range(nprocs)]
     try:
-        return RankGroup(specs, method, relay, job_bytes), rendezvous
+        return RankSupervisor(specs, method, relay, job_bytes), rendezvous
     except BaseException:
         rendezvous.close()
         raise

@@ -10,10 +10,10 @@ import threading
 import weakref
 from typing import Any, List, Optional
 
-from . import channel
-from .errors import DistributedRunError
+from ..shared import channel
+from ..shared.errors import DistributedRunError
 from .launch import start_ranks
-from .session_rank import CLOSE, SessionLoop
+from ..rank.session_loop import CLOSE, SessionLoop
 
 _open_sessions = weakref.WeakSet()
 
