@@ -13,8 +13,9 @@ AMP_MODES = (None, "auto", "fp16", "bf16")
 
 
 def has_native_bf16(device: torch.device) -> bool:
-    """Whether `device` runs bf16 math in hardware: the CPU (autocast's CPU dtype), a ROCm GPU, or
-    a CUDA GPU of compute capability 8.0 or newer (Ampere). The test is
+    """Whether bf16 is the 16-bit format to use on `device`: the CPU (autocast's CPU dtype; fast only
+    with AVX512-BF16 or AMX, correct everywhere), a ROCm GPU, or a CUDA GPU of compute capability 8.0
+    or newer (Ampere), which runs bf16 in hardware. The test is
     torch.cuda.is_bf16_supported(including_emulation=False), for this device rather than the current
     one; without `including_emulation=False` it answers True on older GPUs too, which emulate bf16 slowly."""
     device = torch.device(device)

@@ -35,8 +35,9 @@ def make_loader(dataset, config, num_shards: int, rank: int, loader_batch_size: 
     broadcasts rank 0's weights); the sampler shuffles with its own (seed, epoch), so every rank
     draws the same permutation and takes its own shard; everything else random differs per rank.
     Here that is the loader's generator, seeded seed + rank: each `iter(loader)` draws the workers'
-    base seed from it (worker k seeds torch, random and numpy with base + k), so no two ranks'
-    workers share a seed, and iterating never touches the global RNG (exact resume).
+    base seed from it (worker k seeds torch and random with base + k, numpy with a value derived
+    from (base, k)), so no two ranks' workers share a seed, and iterating never touches the global
+    RNG (exact resume).
     """
     too_little = num_shards * loader_batch_size
     if len(dataset) < too_little:
