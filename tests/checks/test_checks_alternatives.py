@@ -58,15 +58,18 @@ def whoami_as_a_list_of_numpy_ints():
 
 # -- lesson 01 ----------------------------------------------------------------------------------
 
-def throughput_with_numpy(step_seconds, batch_size, warmup_steps):
-    return batch_size / np.median(np.array(step_seconds[warmup_steps:]))
+def throughput_with_numpy(step_seconds):
+    recorded = np.array(step_seconds)  # the times as an array, the warm-up as a numpy integer
+    warmup_steps = np.int64(np.argmax(recorded < 1.1 * np.median(recorded)))  # the first steady
+    return recorded, warmup_steps, 32 / np.median(recorded[warmup_steps:])
 
 
-def throughput_with_a_sorted_middle(step_seconds, batch_size, warmup_steps):
+def throughput_with_a_sorted_middle(step_seconds):
+    warmup_steps = 6  # generous: more left out than needed is still honest
     kept = sorted(step_seconds[warmup_steps:])
     middle = len(kept) // 2
     median = kept[middle] if len(kept) % 2 else (kept[middle - 1] + kept[middle]) / 2
-    return float(batch_size) / median
+    return tuple(step_seconds), warmup_steps, torch.tensor(32.0) / median  # a 0-dim tensor
 
 
 def global_batch_size_by_math_prod(batch_size, grad_accum_steps, world_size):
@@ -792,8 +795,10 @@ ALTERNATIVES = {
                0.0),
     ],
     lesson01.check_throughput: [
-        answer("numpy's median", throughput_with_numpy),
-        answer("a median by hand", throughput_with_a_sorted_middle),
+        answer("numpy, the warm-up found from the times",
+               *throughput_with_numpy(lesson01.RECORDED_STEPS)),
+        answer("a median by hand, 6 warm-up steps, a tensor",
+               *throughput_with_a_sorted_middle(lesson01.RECORDED_STEPS)),
     ],
     lesson01.check_global_batch_size: [
         answer("math.prod", global_batch_size_by_math_prod),
