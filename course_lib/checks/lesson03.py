@@ -1,13 +1,17 @@
 """Graders of lesson 03, processes and collectives: predict what a short program's collectives
-leave on each rank, build a ring all-reduce from send/recv, and invert the ring's cost model.
+leave on each rank, build a ring all-reduce from send/recv, and measure this machine's alpha and
+beta.
 
 - predict the collectives: the value `out` holds on ranks 0, 1 and 2 (any sequence of 3 numbers).
 - ring all-reduce: on 2, 3 and 4 ranks every rank's tensor ends as the sum of all ranks' tensors,
   built from point-to-point sends and receives only (send/recv, isend/irecv, batch_isend_irecv:
   counted below the Python API, however they were imported), each rank sending about
   2 (N - 1) / N times the tensor.
-- fit alpha and beta: (alpha, beta) from exact ring times, any two numbers (floats, numpy,
-  0-dim tensors) within 0.1%.
+- measure alpha and beta: the learner's sweep of measure_all_reduce on 2 ranks (at least 8 sizes,
+  from 64 bytes or less to 1 MiB or more), the (alpha, beta) fitted to it (within 5% of
+  cost_model.fit_alpha_beta's relative-error fit of the same sweep: a measurement is noisy, so the
+  grader judges the numbers against the data the learner recorded, never against a new run), and
+  the size N alpha / beta below which an all-reduce is mostly latency; any kind of number.
 
 The ring grader launches the learner's function on 2, 3 and 4 ranks (gloo, on the CPU, so it
 grades the same on a laptop and a GPU node), checks the sums and counts the bytes each rank sends.
@@ -18,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from ..topics.collectives import (_send_right_receive_left, collective_puzzle, count_traffic,
-                                 naive_all_reduce, ring_chunks, ring_all_reduce_time)
-from . import expect, expect_close, grader, wrong_answer
+                                 naive_all_reduce, ring_chunks)
+from ..topics.cost_model import fit_alpha_beta, ring_all_reduce_time
+from . import GradingError, expect, expect_close, grader, wrong_answer
 from .ranks import run_on_ranks
 
 LAUNCH_TIMEOUT_S = 20
@@ -156,41 +161,106 @@ def _passes_whole_tensors(tensor):
     return tensor
 
 
-# -- Exercise: invert the ring's cost model ----------------------------------------------------
+# -- Exercise: measure this machine's alpha and beta ------------------------------------------
 
-FIT_SIZES_BYTES = [4 ** k for k in range(1, 13)]  # 4 B to 16 MiB
-FIT_CASES = [(2, 50e-6, 1 / 1e9), (4, 50e-6, 1 / 1e9), (8, 5e-6, 1 / 100e9)]  # N, alpha, beta
+SWEEP_WORLD_SIZE = 2          # the exercise measures on 2 ranks
+SWEEP_MIN_SIZES = 8
+SWEEP_SMALLEST_AT_MOST = 64   # bytes: latency-bound on any machine
+SWEEP_LARGEST_AT_LEAST = 2**20  # bytes: bandwidth-bound on a CPU or a GPU link
+FIT_RTOL = 0.05               # two fits that weigh relative errors agree far closer than this
 
-
-@grader("fit alpha and beta")
-def check_fit_ring_alpha_beta(fit_ring_alpha_beta):
-    for world_size, alpha, beta in FIT_CASES:
-        seconds = [ring_all_reduce_time(nbytes, world_size, alpha, beta)
-                   for nbytes in FIT_SIZES_BYTES]
-        fitted = fit_ring_alpha_beta(list(FIT_SIZES_BYTES), seconds, world_size)
-        try:  # show numpy floats as plain numbers in the message
-            fitted = tuple(float(value) for value in fitted)
-        except (TypeError, ValueError):
-            pass
-        expect_close(fitted, (alpha, beta),
-                     f"(alpha, beta) fitted to exact ring all-reduce times on {world_size} ranks",
-                     "fit a line t = a + b * n, then undo the ring's factors: "
-                     "a = 2 (N - 1) alpha and b = 2 (N - 1) / N * beta", rtol=1e-3, atol=0)
+# A sweep as measure_all_reduce records one on a busy 2-core machine: the ring model with
+# alpha = 150 us and 1 GB/s, times a fixed, uneven noise (a slow repeat at 64 KiB).
+_NOISE = [1.1, 0.8, 1.25, 0.9, 1.0, 1.3, 0.85, 1.6, 0.9, 1.15, 0.95, 1.2]
+RECORDED_SWEEP = [(4 ** k, ring_all_reduce_time(4 ** k, 2, 150e-6, 1e-9) * noise)
+                  for k, noise in zip(range(1, 13), _NOISE)]
 
 
-def _line_without_the_ring(sizes_bytes, seconds, world_size):
-    slope, intercept = np.polyfit(sizes_bytes, seconds, 1)
-    return intercept, slope
+@grader("measure alpha and beta")
+def check_measure_alpha_beta(sweep, alpha, beta, latency_bound_below):
+    sizes, seconds = _expect_a_sweep(sweep)
+    reference_alpha, reference_beta = fit_alpha_beta(sizes, seconds, SWEEP_WORLD_SIZE)
+    hint = ("fit with relative errors (cost_model.fit_alpha_beta(sizes, seconds, world_size=2), or "
+            "np.polyfit(sizes, seconds, 1, w=1 / seconds)), then undo the ring's factors: "
+            "intercept = 2 (N - 1) alpha, slope = 2 (N - 1) / N * beta")
+    fitted = _as_floats((alpha, beta), "(alpha, beta)")
+    expect_close(fitted, (reference_alpha, reference_beta),
+                 "(alpha, beta) fitted to the sweep you recorded on 2 ranks", hint,
+                 rtol=FIT_RTOL, atol=0)
+    [below] = _as_floats((latency_bound_below,), "latency_bound_below")
+    expect_close(below, SWEEP_WORLD_SIZE * fitted[0] / fitted[1],
+                 "latency_bound_below, from your alpha and beta",
+                 "the ring's two terms are equal where 2 (N - 1) alpha = 2 (N - 1) / N * n * beta, "
+                 "that is at n = N alpha / beta bytes (N = 2 here)", rtol=1e-3, atol=0)
 
 
-def _forgets_the_one_over_n(sizes_bytes, seconds, world_size):
-    intercept, slope = _line_without_the_ring(sizes_bytes, seconds, world_size)
-    return intercept / (2 * (world_size - 1)), slope / (2 * (world_size - 1))
+def _expect_a_sweep(sweep):
+    """The recorded sweep as two float arrays, or a GradingError that says what to record."""
+    expected = (f"measure_all_reduce's list of (nbytes, seconds) from 2 ranks: at least "
+                f"{SWEEP_MIN_SIZES} sizes, from {SWEEP_SMALLEST_AT_MOST} bytes or less up to "
+                f"{SWEEP_LARGEST_AT_LEAST:,} or more")
+    hint = ("record it with launch(cost_model.measure_all_reduce, sizes_bytes, nprocs=2)[0], "
+            "with sizes_bytes = [4**k for k in range(1, 13)]")
+    try:
+        pairs = np.asarray([(float(nbytes), float(time_s)) for nbytes, time_s in sweep])
+    except (TypeError, ValueError):
+        pairs = None
+    expect(pairs is not None and pairs.ndim == 2 and len(pairs) >= SWEEP_MIN_SIZES, "sweep",
+           expected, repr(sweep)[:120], hint)
+    sizes, seconds = pairs.T
+    expect(len(np.unique(sizes)) == len(sizes) and sizes.min() <= SWEEP_SMALLEST_AT_MOST
+           and sizes.max() >= SWEEP_LARGEST_AT_LEAST, "sweep's sizes", expected,
+           f"{len(np.unique(sizes))} different sizes from {sizes.min():,.0f} to {sizes.max():,.0f} "
+           "bytes", hint)
+    expect(bool(np.all(np.isfinite(seconds)) and np.all(seconds > 0)), "sweep's times",
+           "positive seconds, one per size", repr(seconds.tolist())[:120], hint)
+    return sizes, seconds
 
 
-def _swaps_alpha_and_beta(sizes_bytes, seconds, world_size):
-    intercept, slope = _line_without_the_ring(sizes_bytes, seconds, world_size)
-    return slope / (2 * (world_size - 1) / world_size), intercept / (2 * (world_size - 1))
+def _as_floats(values, what):
+    try:
+        return tuple(float(value) for value in values)
+    except (TypeError, ValueError):
+        raise GradingError(what, "numbers (floats, numpy floats or 0-dim tensors)",
+                           repr(values)[:120]) from None
+
+
+def _report(sweep, alpha, beta):
+    return sweep, alpha, beta, SWEEP_WORLD_SIZE * alpha / beta
+
+
+def _reference_report(sweep=RECORDED_SWEEP):
+    return _report(sweep, *fit_alpha_beta(*zip(*sweep), SWEEP_WORLD_SIZE))
+
+
+def _unweighted_line(sweep=RECORDED_SWEEP):
+    sizes, seconds = np.array(sweep).T
+    slope, intercept = np.polyfit(sizes, seconds, 1)
+    return _report(sweep, intercept / 2, slope)
+
+
+def _line_without_the_ring(sweep=RECORDED_SWEEP):
+    sizes, seconds = np.array(sweep).T
+    slope, intercept = np.polyfit(sizes, seconds, 1, w=1 / seconds)
+    return _report(sweep, intercept, slope)
+
+
+def _swaps_alpha_and_beta():
+    recorded, alpha, beta, _ = _reference_report()
+    return _report(recorded, beta, alpha)
+
+
+def _forgets_the_world_size():
+    recorded, alpha, beta, _ = _reference_report()
+    return recorded, alpha, beta, alpha / beta
+
+
+def _sweep_of_three_sizes():
+    return _reference_report(RECORDED_SWEEP[::4])
+
+
+def _sweep_of_small_messages():
+    return _reference_report(RECORDED_SWEEP[:8])
 
 
 # -- launching for a grader --------------------------------------------------------------------
@@ -218,10 +288,16 @@ WRONG_ANSWERS = {
         wrong_answer("passes whole tensors around the ring", _passes_whole_tensors),
         wrong_answer("the unfinished stub", _stub),
     ],
-    check_fit_ring_alpha_beta: [
-        wrong_answer("returns the line's intercept and slope", _line_without_the_ring),
-        wrong_answer("divides the slope by 2 (N - 1), forgetting the 1 / N",
-                     _forgets_the_one_over_n),
-        wrong_answer("swaps alpha and beta", _swaps_alpha_and_beta),
+    check_measure_alpha_beta: [
+        wrong_answer("a plain least-squares line: the large messages' noise swamps alpha",
+                     *_unweighted_line()),
+        wrong_answer("keeps the line's intercept, forgetting the ring's 2 (N - 1)",
+                     *_line_without_the_ring()),
+        wrong_answer("swaps alpha and beta", *_swaps_alpha_and_beta()),
+        wrong_answer("latency_bound_below = alpha / beta, forgetting N",
+                     *_forgets_the_world_size()),
+        wrong_answer("a sweep of 3 sizes", *_sweep_of_three_sizes()),
+        wrong_answer("a sweep that stops at 64 KiB, before bandwidth shows",
+                     *_sweep_of_small_messages()),
     ],
 }

@@ -207,22 +207,21 @@ def ring_with_batched_p2p_ops(tensor):
     return tensor
 
 
-def fit_with_plain_least_squares(sizes_bytes, seconds, world_size):
-    n = len(sizes_bytes)
-    mean_x, mean_y = sum(sizes_bytes) / n, sum(seconds) / n
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes_bytes, seconds))
-             / sum((x - mean_x) ** 2 for x in sizes_bytes))
-    intercept = mean_y - slope * mean_x
-    steps = 2 * (world_size - 1)
-    return [intercept / steps, slope * world_size / steps]
+def alpha_beta_from_a_weighted_polyfit(sweep):
+    sizes, seconds = (np.array(column) for column in zip(*sweep))
+    slope, intercept = np.polyfit(sizes, seconds, 1, w=1 / seconds)  # relative residuals
+    alpha, beta = intercept / (2 * (2 - 1)), slope / (2 * (2 - 1) / 2)
+    return sweep, alpha, beta, 2 * alpha / beta
 
 
-def fit_with_torch_lstsq(sizes_bytes, seconds, world_size):
-    sizes = torch.tensor(sizes_bytes, dtype=torch.float64)
-    A = torch.stack([torch.full_like(sizes, 2 * (world_size - 1)),
-                     2 * (world_size - 1) / world_size * sizes], dim=1)
-    solution = torch.linalg.lstsq(A, torch.tensor(seconds, dtype=torch.float64)[:, None]).solution
-    return solution[0, 0], solution[1, 0]  # 0-dim tensors, not floats
+def alpha_beta_from_torch_lstsq(sweep):
+    recorded = torch.tensor(sweep, dtype=torch.float64)  # one row per size: an array, not pairs
+    sizes, seconds = recorded.T
+    scale = sizes.max()
+    design = torch.stack([2 * torch.ones_like(sizes), sizes / scale], dim=1) / seconds[:, None]
+    solution = torch.linalg.lstsq(design, torch.ones_like(seconds)[:, None]).solution[:, 0]
+    alpha, beta = solution[0], solution[1] / scale  # 0-dim tensors
+    return recorded.numpy(), alpha, beta, 2 * alpha / beta
 
 
 # -- lesson 04 ----------------------------------------------------------------------------------
@@ -824,9 +823,11 @@ ALTERNATIVES = {
         answer("dist.isend/irecv", ring_with_isend_irecv),
         answer("batch_isend_irecv", ring_with_batched_p2p_ops),
     ],
-    lesson03.check_fit_ring_alpha_beta: [
-        answer("least squares by hand, a list", fit_with_plain_least_squares),
-        answer("torch.linalg.lstsq on the ring's model, tensors", fit_with_torch_lstsq),
+    lesson03.check_measure_alpha_beta: [
+        answer("np.polyfit weighted by 1 / seconds",
+               *alpha_beta_from_a_weighted_polyfit(lesson03.RECORDED_SWEEP)),
+        answer("torch.linalg.lstsq on relative errors, 0-dim tensors, the sweep as an array",
+               *alpha_beta_from_torch_lstsq(lesson03.RECORDED_SWEEP)),
     ],
     lesson04.check_broadcast_parameters: [
         answer("one flat vector", broadcast_one_flat_vector),
