@@ -1,12 +1,13 @@
 """Graders for lesson 04, the DDP flow: the broadcast at construction, DDP by hand, and the
-indices DistributedSampler deals each rank. The distributed graders run your function on 2 ranks.
+indices DistributedSampler deals each rank. The distributed graders run your function on ranks.
 
 - broadcast the parameters: afterwards every rank holds rank 0's initial weights, and rank 0
   keeps its own (any way of copying them from rank 0).
 - DDP by hand: the weights after each step equal one process's on the global batch, on every
   rank: the gradients averaged over the ranks, whatever collective does it.
-- indices for a rank: the indices DistributedSampler(shuffle=True, seed) gives this rank in this
-  epoch (a list, a tensor or any sequence of whole numbers).
+- indices for a rank: run on 2, 3 and 4 ranks, the indices DistributedSampler(shuffle=True, seed)
+  gives the calling rank (its rank and world size from the process group) in this epoch (a list,
+  a tensor or any sequence of whole numbers).
 - hidden share: the share of a step's all-reduce time (merged bucket spans) before backward's
   wait began, on hand-made timelines and on one the grader records on 2 ranks, within
   SHARE_TOLERANCE of course_lib.topics.timeline.overlap_fraction; None for a step without one.
@@ -220,10 +221,9 @@ def _step_stub(model, optimizer, X, y):
 
 # -- exercise 3: the sampler's indices -----------------------------------------------------------
 
-SAMPLER_CASES = [  # (n_samples, world_size, rank, epoch, seed): easy first, padding last
-    (8, 2, 0, 0, 0), (8, 2, 1, 0, 0), (8, 2, 1, 1, 0), (12, 3, 2, 5, 42), (10, 4, 3, 2, 7),
-    (10, 4, 0, 0, 1),
-]
+SAMPLER_CASES = {  # world_size: [(n_samples, epoch, seed)]: easy first, padding last
+    2: [(8, 0, 0), (8, 1, 0)], 3: [(12, 5, 42), (13, 0, 3)], 4: [(10, 2, 7), (10, 0, 1)],
+}
 
 
 def _sampler_indices(n_samples, world_size, rank, epoch, seed):
@@ -235,19 +235,34 @@ def _sampler_indices(n_samples, world_size, rank, epoch, seed):
     return list(sampler)
 
 
+def _indices_on_rank(indices_for_rank, cases):
+    """Inside a rank: the learner's indices for every case, as lists of ints (or what came back)."""
+    results = []
+    for n_samples, epoch, seed in cases:
+        got = indices_for_rank(n_samples, epoch, seed=seed)
+        try:
+            results.append([int(index) for index in got])
+        except (TypeError, ValueError):
+            results.append(repr(got)[:120])
+    return results
+
+
 @grader("indices for a rank")
 def check_indices_for_rank(indices_for_rank):
-    for n_samples, world_size, rank, epoch, seed in SAMPLER_CASES:
-        call = (f"indices_for_rank(n_samples={n_samples}, world_size={world_size}, rank={rank}, "
-                f"epoch={epoch}, seed={seed})")
-        got = indices_for_rank(n_samples, world_size, rank, epoch, seed=seed)
-        try:
-            got = [int(index) for index in got]
-        except (TypeError, ValueError):
-            raise GradingError(call, "a list of ints", repr(got)[:120],
-                               "return a list of dataset indices") from None
-        expected = _sampler_indices(n_samples, world_size, rank, epoch, seed)
-        expect_equal(got, expected, call, _sampler_hint(got, n_samples, world_size, rank, epoch, seed))
+    for world_size, cases in SAMPLER_CASES.items():
+        per_rank = run_on_ranks(_indices_on_rank, indices_for_rank, cases, nprocs=world_size,
+                                what=f"indices_for_rank on {world_size} ranks",
+                                timeout=LAUNCH_TIMEOUT_S, hang_hint=SAME_COLLECTIVES,
+                                crash_hint=_crash_hint)
+        for rank, results in enumerate(per_rank):
+            for (n_samples, epoch, seed), got in zip(cases, results):
+                call = (f"indices_for_rank(n_samples={n_samples}, epoch={epoch}, seed={seed}) on "
+                        f"rank {rank} of {world_size}")
+                expect(isinstance(got, list), call, "a list of ints", str(got),
+                       "return a list of dataset indices")
+                expected = _sampler_indices(n_samples, world_size, rank, epoch, seed)
+                expect_equal(got, expected, call,
+                             _sampler_hint(got, n_samples, world_size, rank, epoch, seed))
 
 
 def _sampler_hint(got, n_samples, world_size, rank, epoch, seed) -> str:
@@ -289,6 +304,18 @@ def _seeds_each_rank(n_samples, world_size, rank, epoch, seed=0):
 def _no_padding(n_samples, world_size, rank, epoch, seed=0):
     generator = torch.Generator().manual_seed(seed + epoch)
     return torch.randperm(n_samples, generator=generator).tolist()[rank::world_size]
+
+
+def _assumes_two_ranks(n_samples, world_size, rank, epoch, seed=0):
+    return _sampler_indices(n_samples, 2, rank % 2, epoch, seed)
+
+
+def _on_this_rank(mistake):
+    """A mistake written with rank and world_size as arguments, as the exercise's function: it
+    reads them from the process group."""
+    def indices_for_rank(n_samples, epoch, seed=0):
+        return mistake(n_samples, dist.get_world_size(), dist.get_rank(), epoch, seed)
+    return indices_for_rank
 
 
 # -- exercise 4: the share of the all-reduce that backward hid -----------------------------------
@@ -468,10 +495,12 @@ WRONG_ANSWERS = {
         wrong_answer("the lesson's stub", _step_stub),
     ],
     check_indices_for_rank: [
-        wrong_answer("gives each rank a contiguous block", _contiguous_blocks),
-        wrong_answer("ignores the epoch (no set_epoch)", _ignores_epoch),
-        wrong_answer("shuffles with a different seed on each rank", _seeds_each_rank),
-        wrong_answer("does not pad to a multiple of world_size", _no_padding),
+        wrong_answer("gives each rank a contiguous block", _on_this_rank(_contiguous_blocks)),
+        wrong_answer("ignores the epoch (no set_epoch)", _on_this_rank(_ignores_epoch)),
+        wrong_answer("shuffles with a different seed on each rank",
+                     _on_this_rank(_seeds_each_rank)),
+        wrong_answer("does not pad to a multiple of world_size", _on_this_rank(_no_padding)),
+        wrong_answer("assumes 2 ranks", _on_this_rank(_assumes_two_ranks)),
     ],
     check_hidden_share: [
         wrong_answer("counts the wait at the end of backward as hidden",

@@ -266,14 +266,14 @@ def train_step_with_all_gather(model, optimizer, X, y):
     return float(loss)
 
 
-def indices_from_distributed_sampler(n_samples, world_size, rank, epoch, seed=0):
-    sampler = DistributedSampler(range(n_samples), num_replicas=world_size, rank=rank,
-                                 shuffle=True, seed=seed)
+def indices_from_distributed_sampler(n_samples, epoch, seed=0):
+    sampler = DistributedSampler(range(n_samples), shuffle=True, seed=seed)  # the group's rank
     sampler.set_epoch(epoch)
     return list(sampler)
 
 
-def indices_with_a_cycle(n_samples, world_size, rank, epoch, seed=0):
+def indices_with_a_cycle(n_samples, epoch, seed=0):
+    world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])  # torchrun's
     generator = torch.Generator()
     generator.manual_seed(seed + epoch)
     order = torch.randperm(n_samples, generator=generator)
@@ -838,8 +838,9 @@ ALTERNATIVES = {
         answer("all_gather and mean", train_step_with_all_gather),
     ],
     lesson04.check_indices_for_rank: [
-        answer("DistributedSampler itself", indices_from_distributed_sampler),
-        answer("itertools.cycle padding, a tensor", indices_with_a_cycle),
+        answer("DistributedSampler itself, rank from the group", indices_from_distributed_sampler),
+        answer("itertools.cycle padding, a tensor, rank from the environment",
+               indices_with_a_cycle),
     ],
     lesson04.check_hidden_share: [
         answer("sampling a million instants, a numpy float", hidden_share_by_sampling_time),
