@@ -591,35 +591,24 @@ def save_then_broadcast_a_flag(model, path):
 
 # -- lesson 09 ----------------------------------------------------------------------------------
 
-def speedup_with_lists(step_seconds, scaling):
-    baseline = step_seconds[1]
-    result = {}
-    for world_size in sorted(step_seconds):
-        speedup = baseline / step_seconds[world_size]
-        if scaling == "weak":
-            speedup *= world_size
-        result[world_size] = [speedup, speedup / world_size]
-    return result
+def scaling_report_with_numpy(runs):
+    medians = {n: np.median(values) for n, values in runs.items()}  # numpy floats
+    cores = len(os.sched_getaffinity(0))  # the cores this process may run on
+    report = {n: [medians[1] / t, medians[1] / t / n, np.bool_(n > cores)]
+              for n, t in medians.items()}
+    best = max((n for n in report if not report[n][2]), key=lambda n: report[n][0])
+    return runs, report, best
 
 
-def speedup_from_throughputs(step_seconds, scaling):
-    def throughput(world_size):  # samples per second, with 1 rank's step as the unit of work
-        work = world_size if scaling == "weak" else 1
-        return np.float64(work) / step_seconds[world_size]
-    return {n: (throughput(n) / throughput(1), throughput(n) / throughput(1) / n)
-            for n in step_seconds}
-
-
-def amdahl_with_numpy_lstsq(world_sizes, speedups):
-    n, s = np.asarray(world_sizes, dtype=float), np.asarray(speedups, dtype=float)
-    x, y = (1 - 1 / n)[:, None], 1 / s - 1 / n
-    return np.linalg.lstsq(x, y, rcond=None)[0][0]  # a numpy float
-
-
-def amdahl_with_torch(world_sizes, speedups):
-    n = torch.tensor(world_sizes, dtype=torch.float64)
-    x, y = 1 - 1 / n, 1 / torch.tensor(speedups, dtype=torch.float64) - 1 / n
-    return torch.dot(x, y) / torch.dot(x, x)  # a 0-dim tensor
+def scaling_report_from_throughputs(runs):
+    cores = lesson09.cpu_cores()
+    samples_per_second = {n: 1 / statistics.median(values) for n, values in runs.items()}
+    report = {}
+    for n in sorted(runs):
+        speedup = samples_per_second[n] / samples_per_second[1]
+        report[n] = (speedup, speedup / n, n > cores)
+    trusted = {n: report[n][0] for n in report if n <= cores}
+    return runs, report, sorted(trusted, key=trusted.get)[-1]
 
 
 def all_reduce_seconds_from_the_cost_model(n_parameters, world_size, alpha, beta,
@@ -898,13 +887,11 @@ ALTERNATIVES = {
         answer("monitored_barrier", save_then_monitored_barrier),
         answer("a broadcast as the barrier", save_then_broadcast_a_flag),
     ],
-    lesson09.check_speedup_and_efficiency: [
-        answer("lists, not tuples", speedup_with_lists),
-        answer("from throughputs, numpy floats", speedup_from_throughputs),
-    ],
-    lesson09.check_fit_amdahl: [
-        answer("numpy lstsq without intercept", amdahl_with_numpy_lstsq),
-        answer("torch, a 0-dim tensor", amdahl_with_torch),
+    lesson09.check_scaling_efficiency: [
+        answer("numpy medians and bools, lists",
+               *scaling_report_with_numpy(lesson09.RECORDED_RUNS)),
+        answer("from throughputs, the best by sorting",
+               *scaling_report_from_throughputs(lesson09.RECORDED_RUNS)),
     ],
     lesson09.check_all_reduce_seconds: [
         answer("the course's cost model", all_reduce_seconds_from_the_cost_model),
