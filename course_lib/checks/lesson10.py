@@ -1,251 +1,294 @@
-"""Graders for lesson 10, the input pipeline: the data-wait share from phase times, how many
-workers a loader needs, and a loader that hides the wait of a deliberately slow dataset.
+"""Graders for lesson 10, the input pipeline: a loader's data wait measured and the workers it
+needs, and a loader that hides the wait of a deliberately slow dataset.
 
-- data-wait share: the time in the 'data' phase over the time in all phases, a fraction.
-- number of workers: headroom x batch_size x read_seconds / step_seconds, rounded up to a whole
-  number (any integer type: Python's int or numpy's).
-- a loader that hides the data wait: a DataLoader over the lesson's SlowDataset with batch_size
-  32, shuffled, read_seconds untouched, the precomputed neighbour features, at least 3 workers,
-  and a measured data-wait share below 25%.
+- measure the data wait: what measure_data_wait recorded for the learner's loader (seconds of
+  'data' and of 'compute'), its data-wait share (data over all phases, within 1e-6) and the
+  workers that follow from it, 1.5 x data / compute rounded up (any integer type). A measurement
+  varies from run to run, so the grader judges the numbers against the one the learner recorded.
+- a loader that hides the data wait, on each of 2 ranks: a DataLoader over the lesson's
+  SlowDataset with batch_size 32, read_seconds untouched, the precomputed neighbour features, at
+  least 3 workers; the ranks' samples of one epoch shuffled, disjoint and together the whole
+  dataset (a DistributedSampler, however made); a measured data-wait share below 25% on every rank.
 
-The loader's grader first checks its configuration (no measurement needed), then measures the
-data-wait share against a fixed 20 ms stand-in for a GPU step (a sleep, so it grades the same on
-a busy laptop and on a GPU node), and shuts the loader's workers down.
+The loader's grader runs the learner's function on 2 gloo ranks; each first reads its loader's
+configuration (no measurement needed), then measures its data-wait share against a fixed 20 ms
+stand-in for a GPU step (a sleep, so it grades the same on a busy laptop and on a GPU node), and
+shuts the loader's workers down.
 """
 import math
+import os
 import tempfile
 import warnings
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
 
-from . import expect, expect_close, expect_whole_number, grader, wrong_answer
+from . import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
+from .ranks import run_on_ranks
 from ..topics.input_pipeline import (READ_SECONDS, SlowDataset, device_step, measure_data_wait,
                         neighbour_features, precompute_features, shutdown_workers)
 
-# -- exercise 1: the data-wait share ------------------------------------------------------------
+# -- exercise 1: measure a loader's data wait, and size its workers -----------------------------
 
-PHASE_CASES = [  # (phase times, the share of data)
-    ({"data": 0.30, "forward": 0.20, "backward": 0.40, "optimizer": 0.10}, 0.30),
-    ({"forward": 0.5, "backward": 1.0, "data": 3.0, "optimizer": 0.5}, 0.60),
-    ({"data": 1.5, "compute": 0.5}, 0.75),
-    ({"data": 0.0, "forward": 0.1, "backward": 0.2, "optimizer": 0.1}, 0.0),
-]
+HEADROOM = 1.5
+# What measure_data_wait recorded for the precomputed loader without workers on a busy 2-core
+# machine: 20 steps, reads of a batch 47.3 ms (nominally 32 ms), the 20 ms step 20.2 ms.
+RECORDED_MEASUREMENT = {"data": 0.946, "compute": 0.404}
 
 
-@grader("data-wait share")
-def check_data_wait_share(data_wait_share):
-    for phase_times, expected in PHASE_CASES:
-        expect_close(data_wait_share(dict(phase_times)), expected,
-                     f"data_wait_share({phase_times})",
-                     hint="the time in the 'data' phase over the time in all phases together: "
-                          "a fraction between 0 and 1, whatever the order of the phases",
-                     rtol=1e-6, atol=1e-9)
+@grader("measure the data wait")
+def check_loader_measurement(measurement, share, num_workers):
+    data, compute = _expect_a_measurement(measurement)
+    expect_close(_as_float(share), data / (data + compute),
+                 "share, the data-wait share of your measurement",
+                 "the seconds waiting for data over the seconds of all phases: a fraction "
+                 "between 0 and 1", rtol=1e-6, atol=1e-9)
+    expected = math.ceil(HEADROOM * data / compute)
+    expect_whole_number(num_workers, "num_workers",
+                        "workers come whole: round up with math.ceil, which returns an int")
+    expect(num_workers == expected, "num_workers, from your measurement", str(expected),
+           str(num_workers), f"without workers the data phase is the reads of one batch, so one "
+           f"worker delivers a batch every data / steps seconds and the loop takes one every "
+           f"compute / steps: {HEADROOM} x data / compute, rounded up. Use what you measured, "
+           f"not the nominal read time")
 
 
-def _share_is_one_minus(phase_times):
-    return 1 - phase_times["data"] / sum(phase_times.values())
+def _expect_a_measurement(measurement):
+    """(data seconds, seconds of every other phase) of a recorded run, or a GradingError."""
+    try:
+        data = float(measurement["data"])
+        compute = sum(float(seconds) for phase, seconds in measurement.items() if phase != "data")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        data = compute = None
+    expect(data is not None and data > 0 and compute > 0, "measurement",
+           "the seconds per phase that measure_data_wait returned: 'data' and 'compute', both "
+           "positive", repr(measurement)[:120],
+           "pass what measure_data_wait(loader, gpu_step) returned, unchanged")
+    return data, compute
 
 
-def _share_over_compute(phase_times):
-    return phase_times["data"] / (sum(phase_times.values()) - phase_times["data"])
+def _as_float(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value  # expect_close describes what came back
 
 
-def _share_first_phase(phase_times):
-    first = next(iter(phase_times.values()))
-    return first / sum(phase_times.values())
+def _reference(measurement=RECORDED_MEASUREMENT):
+    data, compute = measurement["data"], measurement["compute"]
+    return measurement, data / (data + compute), math.ceil(HEADROOM * data / compute)
 
 
-def _share_in_percent(phase_times):
-    return 100 * phase_times["data"] / sum(phase_times.values())
+def _with(share=None, num_workers=None, measurement=RECORDED_MEASUREMENT):
+    _, right_share, right_workers = _reference(measurement)
+    return (measurement, right_share if share is None else share,
+            right_workers if num_workers is None else num_workers)
 
 
-# -- exercise 2: how many workers ---------------------------------------------------------------
-
-WORKER_CASES = [  # (batch_size, read_seconds, step_seconds, headroom or None for the default)
-    (32, 0.001, 0.020, None),    # 1.5 x 32 ms / 20 ms = 2.4
-    (64, 0.0005, 0.010, 1.5),    # 4.8
-    (16, 0.002, 0.050, 1.0),     # 0.64
-    (256, 0.0002, 0.030, 2.0),   # 3.41
-    (8, 0.01, 0.025, 1.5),       # 4.8
-]
+_DATA, _COMPUTE = RECORDED_MEASUREMENT["data"], RECORDED_MEASUREMENT["compute"]
 
 
-def reference_num_workers_for(batch_size, read_seconds, step_seconds, headroom=1.5):
-    return math.ceil(headroom * batch_size * read_seconds / step_seconds)
-
-
-@grader("number of workers")
-def check_num_workers_for(num_workers_for):
-    for batch_size, read_seconds, step_seconds, headroom in WORKER_CASES:
-        extra = {} if headroom is None else {"headroom": headroom}
-        call = (f"num_workers_for({batch_size}, {read_seconds}, {step_seconds}"
-                + (f", headroom={headroom})" if extra else ")"))
-        got = num_workers_for(batch_size, read_seconds, step_seconds, **extra)
-        expected = reference_num_workers_for(batch_size, read_seconds, step_seconds, **extra)
-        expect_whole_number(got, call, "workers come whole: round up with math.ceil, which returns "
-                            "an int")
-        expect(got == expected, call, str(expected), str(got),
-               "one worker builds a whole batch in batch_size x read_seconds; the loop needs a "
-               "batch every step_seconds; multiply by the headroom, then round up")
-
-
-def _workers_floor(batch_size, read_seconds, step_seconds, headroom=1.5):
-    return int(headroom * batch_size * read_seconds / step_seconds)
-
-
-def _workers_rounded(batch_size, read_seconds, step_seconds, headroom=1.5):
-    return round(headroom * batch_size * read_seconds / step_seconds)
-
-
-def _workers_without_headroom(batch_size, read_seconds, step_seconds, headroom=1.5):
-    return math.ceil(batch_size * read_seconds / step_seconds)
-
-
-def _workers_per_sample(batch_size, read_seconds, step_seconds, headroom=1.5):
-    return math.ceil(headroom * read_seconds / step_seconds)
-
-
-def _workers_not_rounded(batch_size, read_seconds, step_seconds, headroom=1.5):
-    return headroom * batch_size * read_seconds / step_seconds
-
-
-# -- exercise 3: a loader that hides the wait ---------------------------------------------------
+# -- exercise 2: a loader that hides the wait ---------------------------------------------------
 
 BATCH_SIZE = 32
 STEP_SECONDS = 0.020
 MAX_SHARE = 0.25
 MEASURED_STEPS, WARMUP_STEPS = 20, 10
 MEASUREMENTS = 3
-MIN_WORKERS = reference_num_workers_for(BATCH_SIZE, READ_SECONDS, STEP_SECONDS)  # 3
+MIN_WORKERS = math.ceil(HEADROOM * BATCH_SIZE * READ_SECONDS / STEP_SECONDS)  # 2.4 -> 3
 SAMPLES_TO_COMPARE = (0, 1, 777)
+FEATURES_TOLERANCE = 1e-5
+N_SAMPLES = len(SlowDataset())
+RANKS = 2
+LAUNCH_TIMEOUT_S = 120
 
 
 @grader("a loader that hides the data wait")
 def check_fast_loader(fast_loader):
+    per_rank = run_on_ranks(_loader_on_rank, fast_loader, nprocs=RANKS,
+                            what=f"fast_loader() on {RANKS} ranks", timeout=LAUNCH_TIMEOUT_S,
+                            hang_hint="fast_loader() should only build a DataLoader; the check "
+                                      "iterates it")
+    for rank, facts in enumerate(per_rank):
+        _expect_configuration(facts, rank)
+    _expect_shares_of_one_epoch([facts["order"] for facts in per_rank])
+    for rank, facts in enumerate(per_rank):
+        expect(facts["share"] < MAX_SHARE, f"the data-wait share measured on rank {rank}",
+               f"below {MAX_SHARE:.2f}", f"{facts['share']:.2f} (waited "
+               f"{facts['waited'] * 1000:.0f} ms in {MEASURED_STEPS} steps of "
+               f"{STEP_SECONDS * 1000:.0f} ms)", "more workers, or a larger prefetch_factor; if "
+               "the machine is very busy (other programs), run the check again")
+
+
+def _loader_on_rank(fast_loader):
+    """Inside a rank: the facts of this rank's loader, and, when they are right, its data wait.
+
+    The best of up to MEASUREMENTS: a busy machine only ever adds waiting, and a loader with too
+    few workers waits in every measurement, however quiet the machine."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. "more workers than cores": nothing but the verdict
         loader = fast_loader()
         try:
-            _check_configuration(loader)
-            # The best of up to MEASUREMENTS: a busy machine only ever adds waiting, and a loader
-            # with too few workers waits in every measurement, however quiet the machine.
+            facts = _facts(loader)
+            try:
+                _expect_configuration(facts, dist.get_rank())
+            except GradingError:
+                return facts  # the grader says what is wrong; nothing worth measuring
             for _ in range(MEASUREMENTS):
                 times = measure_data_wait(loader, device_step(STEP_SECONDS), steps=MEASURED_STEPS,
                                           warmup=WARMUP_STEPS)
-                share = times["data"] / (times["data"] + times["compute"])
-                if share < MAX_SHARE:
+                facts.update(share=times["data"] / (times["data"] + times["compute"]),
+                             waited=times["data"])
+                if facts["share"] < MAX_SHARE:
                     break
         finally:
             if isinstance(loader, DataLoader):
                 shutdown_workers(loader)
-    expect(share < MAX_SHARE, "the measured data-wait share", f"below {MAX_SHARE:.2f}",
-           f"{share:.2f} (waited {times['data'] * 1000:.0f} ms in {MEASURED_STEPS} steps of "
-           f"{STEP_SECONDS * 1000:.0f} ms)",
-           "more workers, or a larger prefetch_factor; if the machine is very busy (other "
-           "programs), run the check again")
+    return facts
 
 
-def _check_configuration(loader):
-    expect(isinstance(loader, DataLoader), "fast_loader()", "a torch.utils.data.DataLoader",
-           f"{type(loader).__name__}", "return the DataLoader you built")
+def _facts(loader) -> dict:
+    """What the grader checks of a loader, as plain values a rank can send back."""
+    facts = {"type": type(loader).__name__}
+    if not isinstance(loader, DataLoader):
+        return facts
     dataset = loader.dataset
-    expect(isinstance(dataset, SlowDataset), "the loader's dataset", "a SlowDataset",
-           f"{type(dataset).__name__}", "load the lesson's SlowDataset, not another dataset")
-    expect(loader.batch_size == BATCH_SIZE, "the loader's batch_size", str(BATCH_SIZE),
-           str(loader.batch_size), "keep the batch the model trains on: a smaller batch only "
+    facts.update(dataset=type(dataset).__name__, batch_size=loader.batch_size,
+                 num_workers=loader.num_workers)
+    if isinstance(dataset, SlowDataset):
+        facts.update(read_seconds=dataset.read_seconds, n_samples=len(dataset),
+                     precomputed=dataset.features_path is not None,
+                     order=[index for batch in loader.batch_sampler for index in batch])
+        if dataset.features_path is not None:
+            facts["features_error"] = max(
+                (dataset[index][0] - neighbour_features(dataset.X, torch.tensor([index]),
+                                                        dataset.k)[0]).abs().max().item()
+                for index in (i % len(dataset) for i in SAMPLES_TO_COMPARE))
+    return facts
+
+
+def _expect_configuration(facts, rank):
+    where = f" on rank {rank}"
+    expect(facts["type"] == "DataLoader", "fast_loader()" + where, "a torch.utils.data.DataLoader",
+           facts["type"], "return the DataLoader you built")
+    expect(facts["dataset"] == "SlowDataset", "the loader's dataset" + where, "a SlowDataset",
+           facts["dataset"], "load the lesson's SlowDataset, not another dataset")
+    expect(facts["batch_size"] == BATCH_SIZE, "the loader's batch_size" + where, str(BATCH_SIZE),
+           str(facts["batch_size"]), "keep the batch the model trains on: a smaller batch only "
            "looks faster")
-    expect(dataset.read_seconds == READ_SECONDS, "the dataset's read_seconds",
-           f"{READ_SECONDS} (the files take that long to read)", str(dataset.read_seconds),
+    expect(facts["read_seconds"] == READ_SECONDS, "the dataset's read_seconds" + where,
+           f"{READ_SECONDS} (the files take that long to read)", str(facts["read_seconds"]),
            "leave read_seconds alone: hide the reads behind compute instead")
-    expect(dataset.features_path is not None, "the dataset's features_path",
+    expect(facts["precomputed"], "the dataset's features_path" + where,
            "the file of precomputed neighbour features", "None (computed for every sample, "
            "in every epoch)", "pass features_path=features_path (precomputed above)")
-    for index in SAMPLES_TO_COMPARE:
-        index = index % len(dataset)
-        expected = neighbour_features(dataset.X, torch.tensor([index]), dataset.k)[0]
-        expect_close(dataset[index][0], expected, f"the precomputed features of sample {index}",
-                     hint="precompute with precompute_features(dataset, path), for this dataset",
-                     rtol=1e-5, atol=1e-6)
-    expect(loader.num_workers >= MIN_WORKERS, "the loader's num_workers",
-           f"at least {MIN_WORKERS} (num_workers_for({BATCH_SIZE}, {READ_SECONDS}, "
-           f"{STEP_SECONDS}))", str(loader.num_workers),
+    expect(facts["features_error"] <= FEATURES_TOLERANCE, "the precomputed features" + where,
+           "the neighbour features of each sample", f"features off by up to "
+           f"{facts['features_error']:.3g}", "precompute with precompute_features(dataset, "
+           "path), for this dataset")
+    expect(facts["num_workers"] >= MIN_WORKERS, "the loader's num_workers" + where,
+           f"at least {MIN_WORKERS} ({HEADROOM} x {BATCH_SIZE} x {READ_SECONDS} s / "
+           f"{STEP_SECONDS} s, rounded up)", str(facts["num_workers"]),
            "each worker needs 32 ms per batch and the step takes 20 ms: add workers, with "
            "headroom")
-    order = [index for batch in loader.batch_sampler for index in batch]
-    expect(sorted(order) == list(range(len(dataset))) and order != sorted(order),
-           "the order of the samples in one epoch", "every sample once, shuffled",
-           "in order" if order == sorted(order) else f"{len(order)} indices, some missing or "
-           "repeated", "keep shuffle=True: a model trained on samples in a fixed order learns "
-           "worse, and a faster loader must not change what it learns")
-    enough = MEASURED_STEPS + WARMUP_STEPS
-    expect(len(loader) >= enough, "the loader's number of batches", f"at least {enough}",
-           str(len(loader)), "keep the whole dataset (2048 samples)")
+    expect(facts["n_samples"] == N_SAMPLES, "the dataset's number of samples" + where,
+           str(N_SAMPLES), str(facts["n_samples"]), "keep the whole dataset")
 
 
-_files = {}
+def _expect_shares_of_one_epoch(orders):
+    everything = sorted(index for order in orders for index in order)
+    expect(everything == list(range(N_SAMPLES)), f"the samples the {RANKS} ranks load in one epoch",
+           f"every one of the {N_SAMPLES} samples once, each rank its own share",
+           f"{len(everything)} samples, {len(everything) - len(set(everything))} of them loaded "
+           "twice" if len(everything) != len(set(everything)) else f"{len(everything)} samples",
+           "give the DataLoader a DistributedSampler(dataset): it reads this rank and the number "
+           "of ranks from the process group, and gives every rank a different share")
+    expect(all(order != sorted(order) for order in orders), "the order of each rank's samples",
+           "shuffled", "in order", "DistributedSampler shuffles by default (shuffle=True): keep "
+           "it; a model trained on samples in a fixed order learns worse")
 
 
 def _features_file(kind: str) -> str:
-    """A features file for the wrong answers: the right features, or the raw inputs."""
-    if kind not in _files:
-        folder = tempfile.TemporaryDirectory()  # removed when the interpreter exits
-        path = str(Path(folder.name) / f"{kind}.pt")
+    """A features file for the wrong and the alternative answers: the right features, or the raw
+    inputs. Kept in the temporary folder under a fixed name and written atomically, so that ranks
+    that build their loaders at the same moment share one file and never read half of it."""
+    path = Path(tempfile.gettempdir()) / f"course_lib-lesson10-{kind}-{N_SAMPLES}.pt"
+    if not path.exists():
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         if kind == "right":
-            precompute_features(SlowDataset(), path)
+            precompute_features(SlowDataset(), str(partial))
         else:
-            torch.save(SlowDataset().X, path)
-        _files[kind] = (folder, path)
-    return _files[kind][1]
+            torch.save(SlowDataset().X, partial)
+        os.replace(partial, path)
+    return str(path)
 
 
 def _default_loader():
     return DataLoader(SlowDataset(), batch_size=BATCH_SIZE, shuffle=True)
 
 
+def _precomputed(**options):
+    dataset = SlowDataset(features_path=_features_file("right"), **options)
+    return dataset, DistributedSampler(dataset)
+
+
 def _workers_without_precomputing():
-    return DataLoader(SlowDataset(), batch_size=BATCH_SIZE, shuffle=True, num_workers=4)
-
-
-def _precomputed_two_workers():
-    return DataLoader(SlowDataset(features_path=_features_file("right")), batch_size=BATCH_SIZE,
-                      shuffle=True, num_workers=2)
-
-
-def _smaller_batch():
-    return DataLoader(SlowDataset(features_path=_features_file("right")), batch_size=8,
-                      shuffle=True, num_workers=4)
-
-
-def _free_reads():
-    return DataLoader(SlowDataset(read_seconds=0.0, features_path=_features_file("right")),
-                      batch_size=BATCH_SIZE, shuffle=True, num_workers=4)
-
-
-def _not_shuffled():
-    return DataLoader(SlowDataset(features_path=_features_file("right")), batch_size=BATCH_SIZE,
+    dataset = SlowDataset()
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=DistributedSampler(dataset),
                       num_workers=4)
 
 
+def _precomputed_two_workers():
+    dataset, sampler = _precomputed()
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=2)
+
+
+def _smaller_batch():
+    dataset, sampler = _precomputed()
+    return DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=4)
+
+
+def _free_reads():
+    dataset, sampler = _precomputed(read_seconds=0.0)
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=4)
+
+
+def _not_shuffled():
+    dataset = SlowDataset(features_path=_features_file("right"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, num_workers=4,
+                      sampler=DistributedSampler(dataset, shuffle=False))
+
+
 def _precomputed_raw_inputs():
-    return DataLoader(SlowDataset(features_path=_features_file("raw")), batch_size=BATCH_SIZE,
-                      shuffle=True, num_workers=4)
+    dataset = SlowDataset(features_path=_features_file("raw"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=DistributedSampler(dataset),
+                      num_workers=4)
+
+
+def _whole_dataset_on_every_rank():
+    dataset = SlowDataset(features_path=_features_file("right"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, num_workers=4)
+
+
+def _rank_zero_share_everywhere():
+    dataset = SlowDataset(features_path=_features_file("right"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, num_workers=4,
+                      sampler=DistributedSampler(dataset, num_replicas=RANKS, rank=0))
 
 
 WRONG_ANSWERS = {
-    check_data_wait_share: [
-        wrong_answer("returns the compute share (1 - data share)", _share_is_one_minus),
-        wrong_answer("divides data by compute, not by the total", _share_over_compute),
-        wrong_answer("takes the first phase as the data phase", _share_first_phase),
-        wrong_answer("returns a percentage", _share_in_percent),
-    ],
-    check_num_workers_for: [
-        wrong_answer("rounds down", _workers_floor),
-        wrong_answer("rounds to the nearest", _workers_rounded),
-        wrong_answer("forgets the headroom", _workers_without_headroom),
-        wrong_answer("per sample, not per batch", _workers_per_sample),
-        wrong_answer("returns a float, not rounded", _workers_not_rounded),
+    check_loader_measurement: [
+        wrong_answer("share = data / compute, not over the total", *_with(share=_DATA / _COMPUTE)),
+        wrong_answer("the compute share", *_with(share=_COMPUTE / (_DATA + _COMPUTE))),
+        wrong_answer("a percentage", *_with(share=100 * _DATA / (_DATA + _COMPUTE))),
+        wrong_answer("workers from the nominal 1 ms reads: 3",
+                     *_with(num_workers=math.ceil(HEADROOM * 32 * 0.001 / 0.020))),
+        wrong_answer("workers rounded down", *_with(num_workers=int(HEADROOM * _DATA / _COMPUTE))),
+        wrong_answer("workers without headroom", *_with(num_workers=math.ceil(_DATA / _COMPUTE))),
+        wrong_answer("workers as a float", *_with(num_workers=HEADROOM * _DATA / _COMPUTE)),
+        wrong_answer("a measurement without its compute phase", {"data": _DATA}, 1.0, 2),
     ],
     check_fast_loader: [
         wrong_answer("the default loader: no workers, features per sample", _default_loader),
@@ -257,5 +300,8 @@ WRONG_ANSWERS = {
         wrong_answer("precomputed features and 4 workers, but not shuffled", _not_shuffled),
         wrong_answer("precomputed the raw inputs, not the neighbour features",
                      _precomputed_raw_inputs),
+        wrong_answer("no DistributedSampler: every rank loads the whole dataset",
+                     _whole_dataset_on_every_rank),
+        wrong_answer("a DistributedSampler fixed to rank 0's share", _rank_zero_share_everywhere),
     ],
 }

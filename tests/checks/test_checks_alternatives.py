@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 import course_lib.checks as checks
 from course_lib.checks import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, \
@@ -644,40 +644,40 @@ def plan_from_divisors(global_batch_size, max_batch_size, world_size):
 
 # -- lesson 10 ----------------------------------------------------------------------------------
 
-def data_share_with_a_loop(phase_times):
-    total = 0.0
-    for seconds in phase_times.values():
-        total += seconds
-    return phase_times.get("data", 0.0) / total
+def loader_report_with_numpy(measurement):
+    data, compute = np.float64(measurement["data"]), np.float64(measurement["compute"])
+    share = data / (data + compute)
+    return measurement, share, np.ceil(1.5 * data / compute).astype(np.int64)
 
 
-def data_share_with_fsum(phase_times):
-    return np.float64(phase_times["data"]) / math.fsum(phase_times.values())
+def loader_report_from_trainer_phases(phase_times):
+    # A Trainer's four phases: everything but "data" is compute
+    total = math.fsum(phase_times.values())
+    compute = total - phase_times["data"]
+    workers = -(-1.5 * phase_times["data"] // compute)  # a ceiling by floor division
+    return phase_times, phase_times["data"] / total, int(workers)
 
 
-def workers_as_a_numpy_integer(batch_size, read_seconds, step_seconds, headroom=1.5):
-    return np.ceil(headroom * batch_size * read_seconds / step_seconds).astype(np.int64)
+TRAINER_PHASE_TIMES = {"data": 0.61, "forward": 0.11, "backward": 0.16, "optimizer": 0.05}
 
 
-def workers_with_floor_division(batch_size, read_seconds, step_seconds, headroom=1.5):
-    needed = headroom * batch_size * read_seconds / step_seconds
-    return int(-(-needed // 1))
-
-
-def loader_with_an_explicit_random_sampler():
+def loader_with_an_explicit_distributed_sampler():
     from course_lib.topics.input_pipeline import SlowDataset
 
     dataset = SlowDataset(features_path=lesson10._features_file("right"))
-    return DataLoader(dataset, batch_size=32, sampler=RandomSampler(dataset), num_workers=4,
-                      prefetch_factor=4, persistent_workers=True)
+    sampler = DistributedSampler(dataset, num_replicas=int(os.environ["WORLD_SIZE"]),
+                                 rank=int(os.environ["RANK"]), seed=7)
+    return DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4, prefetch_factor=4,
+                      persistent_workers=True)
 
 
-def loader_with_more_workers_and_a_generator():
+def loader_with_a_hand_made_share_and_more_workers():
     from course_lib.topics.input_pipeline import SlowDataset
 
     dataset = SlowDataset(features_path=lesson10._features_file("right"))
-    return DataLoader(dataset, batch_size=32, shuffle=True, num_workers=6,
-                      generator=torch.Generator().manual_seed(1))
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1)).tolist()
+    share = order[dist.get_rank()::dist.get_world_size()]  # a list is a sampler too
+    return DataLoader(dataset, batch_size=32, sampler=share, num_workers=6)
 
 
 # -- lesson 11 ----------------------------------------------------------------------------------
@@ -901,17 +901,17 @@ ALTERNATIVES = {
         answer("decreasing batch sizes, a list", plan_by_decreasing_batch),
         answer("divisors from the ceiling, numpy ints", plan_from_divisors),
     ],
-    lesson10.check_data_wait_share: [
-        answer("a loop", data_share_with_a_loop),
-        answer("math.fsum, a numpy float", data_share_with_fsum),
-    ],
-    lesson10.check_num_workers_for: [
-        answer("a numpy integer", workers_as_a_numpy_integer),
-        answer("ceiling by floor division", workers_with_floor_division),
+    lesson10.check_loader_measurement: [
+        answer("numpy floats and a numpy integer",
+               *loader_report_with_numpy(lesson10.RECORDED_MEASUREMENT)),
+        answer("a Trainer's four phases, a ceiling by floor division",
+               *loader_report_from_trainer_phases(TRAINER_PHASE_TIMES)),
     ],
     lesson10.check_fast_loader: [
-        answer("RandomSampler, persistent workers", loader_with_an_explicit_random_sampler),
-        answer("6 workers and a seeded generator", loader_with_more_workers_and_a_generator),
+        answer("DistributedSampler told its rank, persistent workers",
+               loader_with_an_explicit_distributed_sampler),
+        answer("a hand-made share as the sampler, 6 workers",
+               loader_with_a_hand_made_share_and_more_workers),
     ],
     lesson11.check_zero_bytes_per_parameter: [
         answer("branches", zero_bytes_with_branches),
