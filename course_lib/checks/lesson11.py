@@ -1,29 +1,70 @@
-"""Graders for lesson 11, memory: bytes per parameter under each ZeRO stage, the smallest
-world_size for ZeRO-3 to fit, and which training recipes fit a large model on given GPUs.
+"""Graders for lesson 11, memory: the largest batch that fits a budget, from a measured step;
+bytes per parameter under each ZeRO stage; which training recipes fit a large model on given GPUs.
 
+- the largest batch that fits: a whole number of samples at which a real step of the lesson's
+  model (256 wide, Adam, fp32) fits in BUDGET_BYTES and one sample more does not. The grader
+  measures both steps again: counted tensor bytes on the CPU are the same on every machine and
+  every run, so re-measuring is exact, and any honest way of finding the number passes.
 - bytes per parameter under ZeRO: the bytes each rank holds per parameter, for stages 0 to 3
   (any kind of number: int, float, Fraction, numpy, a 0-dim tensor).
-- the smallest world_size for ZeRO-3: the fewest ranks whose shard of 16 bytes per parameter fits
-  next to the activations, a whole number (any integer type); a ValueError when nothing fits.
 - which recipes fit: the recipes of RECIPES that fit, in RECIPES' order (list or tuple).
 
 The references are course_lib.topics.memory's estimator, so the lesson and its graders count alike.
 """
-import math
 import numbers
 
 import torch
 
-from . import (GradingError, expect, expect_close, expect_value_error, expect_whole_number, grader,
-               wrong_answer)
-from ..topics.memory import RECIPES, GiB, Recipe, estimate_memory, fitting_recipes
+from . import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
+from ..topics.memory import (RECIPES, GiB, Recipe, estimate_memory, fitting_recipes,
+                             measure_training_step)
+from ..training.data import N_CLASSES, N_FEATURES
+from ..training.models import make_model
 
 STAGE_STRATEGIES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-# The ZeRO paper's layout: bf16 weights 2 + bf16 gradients 2 + fp32 master 4 + Adam's two fp32 values 8
-MIXED_ADAM_BYTES = 16
 
 
-# -- exercise 1: bytes per parameter under ZeRO --------------------------------------------------
+# -- exercise 1: the largest batch that fits, from a measured step ------------------------------
+
+BUDGET_BYTES = 1_000_000  # a toy card for the lesson's toy model
+MODEL_HIDDEN = 256        # the lesson's MLP, trained with Adam in fp32
+
+
+def measured_step_bytes(batch_size: int) -> int:
+    """The bytes a real training step of the lesson's model holds at `batch_size` (counted on the
+    CPU: parameters, gradients, Adam's state and the saved activations; the same on any machine)."""
+    model = make_model(seed=0, hidden=MODEL_HIDDEN)
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(batch_size, N_FEATURES, generator=generator)
+    y = torch.randint(0, N_CLASSES, (batch_size,), generator=generator)
+    return measure_training_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), X, y).total
+
+
+@grader("the largest batch that fits")
+def check_largest_batch(largest_batch):
+    expect_whole_number(largest_batch, "largest_batch",
+                        "a batch is a whole number of samples: round down with int() or //")
+    expect(largest_batch >= 1, "largest_batch", "at least 1 sample", repr(largest_batch))
+    hint = ("the model state (parameters, gradients, optimizer state) does not grow with the "
+            "batch; the activations grow in proportion to it: largest = (budget - model state) "
+            "// activation bytes per sample, with both measured (take the activations' slope "
+            "between two batch sizes, or measure at a large batch, so the batch's constant "
+            "bytes do not skew it)")
+    fits = measured_step_bytes(largest_batch)
+    expect(fits <= BUDGET_BYTES, f"a step measured at largest_batch = {largest_batch}",
+           f"at most the budget, {BUDGET_BYTES:,} bytes", f"{fits:,} bytes", hint)
+    above = measured_step_bytes(largest_batch + 1)
+    expect(above > BUDGET_BYTES, f"a step measured at largest_batch + 1 = {largest_batch + 1}",
+           f"more than the budget, {BUDGET_BYTES:,} bytes (else largest_batch is not the largest)",
+           f"{above:,} bytes", hint)
+
+
+# The step at batch b holds 86,096 bytes of model state (21,520 + 21,520 + 43,056: Adam's step
+# counters are 4 scalars), plus 1,112 bytes of activations per sample and one 4-byte scalar.
+REFERENCE_LARGEST_BATCH = 821  # 86,100 + 1,112 x 821 = 999,052; with 822: 1,000,164
+
+
+# -- exercise 2: bytes per parameter under ZeRO --------------------------------------------------
 
 ZERO_CASES = [(stage, world_size) for stage in (0, 1, 2, 3) for world_size in (1, 2, 4, 8, 64)]
 
@@ -72,81 +113,6 @@ def _stage3_keeps_weights(stage, world_size):
 
 
 def _zero_stub(stage, world_size):
-    raise NotImplementedError("Exercise: write this part, then run the check cell below")
-
-
-# -- exercise 2: the smallest world_size for ZeRO-3 ----------------------------------------------
-
-WORLD_SIZE_CASES = [  # (n_parameters, gpu_memory_bytes, activation_bytes)
-    (8_400_000_000, 48 * GiB, 8 * GiB),
-    (8_400_000_000, 80 * GiB, 2 * GiB),
-    (70_000_000_000, 80 * GiB, 10 * GiB),
-    (1_300_000_000, 24 * GiB, 2 * GiB),
-    (175_000_000_000, 40 * GiB, 30 * GiB),
-    (13_000_000_000, 24 * GiB, 20 * GiB),
-]
-IMPOSSIBLE_WORLD_SIZE_CASES = [(1_300_000_000, 16 * GiB, 16 * GiB),
-                               (8_400_000_000, 24 * GiB, 30 * GiB)]
-
-
-def reference_smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes, activation_bytes):
-    room = gpu_memory_bytes - activation_bytes
-    if room < MIXED_ADAM_BYTES:
-        raise ValueError(f"the activations alone ({activation_bytes / GiB:.1f} GiB) do not leave "
-                         f"room in {gpu_memory_bytes / GiB:.1f} GiB: ZeRO-3 does not shard "
-                         f"them; lower the micro-batch or checkpoint activations")
-    world_size = max(1, math.ceil(n_parameters / (room // MIXED_ADAM_BYTES)))
-    assert estimate_memory(n_parameters, "adam", "bf16-mixed", "zero3", world_size,
-                           activation_bytes).fits(gpu_memory_bytes)
-    return world_size
-
-
-@grader("the smallest world_size for ZeRO-3")
-def check_smallest_world_size_for_zero3(smallest_world_size_for_zero3):
-    for n_parameters, gpu_memory_bytes, activation_bytes in WORLD_SIZE_CASES:
-        call = (f"smallest_world_size_for_zero3({n_parameters:_}, {gpu_memory_bytes // GiB} * GiB, "
-                f"{activation_bytes // GiB} * GiB)")
-        got = smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes, activation_bytes)
-        expected = reference_smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes,
-                                                           activation_bytes)
-        expect_whole_number(got, call, "a number of ranks is whole: round up")
-        expect(got == expected, call, str(expected), str(got),
-               "each rank holds 16 bytes x n_parameters / world_size of model state plus its own "
-               "activations, which ZeRO-3 does not shard; take the smallest whole world_size "
-               "whose total fits")
-    for n_parameters, gpu_memory_bytes, activation_bytes in IMPOSSIBLE_WORLD_SIZE_CASES:
-        call = (f"smallest_world_size_for_zero3({n_parameters:_}, {gpu_memory_bytes // GiB} * GiB, "
-                f"{activation_bytes // GiB} * GiB)")
-        expect_value_error(
-            lambda: smallest_world_size_for_zero3(n_parameters, gpu_memory_bytes, activation_bytes),
-            call, "the activations alone fill the GPU, and no number of ranks shards them",
-            "raise ValueError when gpu_memory_bytes - activation_bytes leaves no room")
-
-
-def _ignores_activations(n_parameters, gpu_memory_bytes, activation_bytes):
-    return math.ceil(MIXED_ADAM_BYTES * n_parameters / gpu_memory_bytes)
-
-
-def _rounds_down(n_parameters, gpu_memory_bytes, activation_bytes):
-    room = gpu_memory_bytes - activation_bytes
-    if room <= 0:
-        raise ValueError("no room")
-    return max(1, int(MIXED_ADAM_BYTES * n_parameters / room))
-
-
-def _shards_activations_too(n_parameters, gpu_memory_bytes, activation_bytes):
-    total = MIXED_ADAM_BYTES * n_parameters + activation_bytes
-    return math.ceil(total / gpu_memory_bytes)
-
-
-def _forgets_gradients(n_parameters, gpu_memory_bytes, activation_bytes):
-    room = gpu_memory_bytes - activation_bytes
-    if room <= 0:
-        raise ValueError("no room")
-    return math.ceil(14 * n_parameters / room)
-
-
-def _world_size_stub(n_parameters, gpu_memory_bytes, activation_bytes):
     raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
@@ -227,12 +193,13 @@ WRONG_ANSWERS = {
         wrong_answer("stage 3 keeps the weights whole", _stage3_keeps_weights),
         wrong_answer("the stub", _zero_stub),
     ],
-    check_smallest_world_size_for_zero3: [
-        wrong_answer("ignores the activations", _ignores_activations),
-        wrong_answer("rounds the world_size down", _rounds_down),
-        wrong_answer("shards the activations too", _shards_activations_too),
-        wrong_answer("forgets the gradients (14 bytes per parameter)", _forgets_gradients),
-        wrong_answer("the stub", _world_size_stub),
+    check_largest_batch: [
+        wrong_answer("forgets the model state: the budget over the bytes per sample", 899),
+        wrong_answer("forgets Adam's state (SGD's memory)", 860),
+        wrong_answer("rounds up", REFERENCE_LARGEST_BATCH + 1),
+        wrong_answer("one short (a strict inequality)", REFERENCE_LARGEST_BATCH - 1),
+        wrong_answer("per-sample bytes from a batch of 1, where the scalar weighs", 818),
+        wrong_answer("not rounded", 821.85),
     ],
     check_recipes_that_fit: [
         wrong_answer("ignores the activations", _fit_ignoring_activations),

@@ -5,7 +5,6 @@ each grader this file holds at least two correct answers that use other APIs, ot
 other types than the solution notebook; each must pass. The wrong answers live in each grader
 module's WRONG_ANSWERS (tests/checks/test_checks.py rejects them, at least three per grader).
 """
-import bisect
 import importlib
 import itertools
 import math
@@ -32,6 +31,7 @@ import course_lib.checks as checks
 from course_lib.checks import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, \
     lesson06, lesson07, lesson08, lesson09, lesson10, lesson11, lesson12, lesson13, passed_line
 from course_lib.topics.collectives import ring_chunks
+from course_lib.topics.memory import measure_training_step
 from test_capstone import ALTERNATIVE_CONVERSIONS  # scripts that convert lesson 13's file correctly
 from course_lib.training.checkpoint import write_atomically
 from course_lib.training.dp import gather, parallel_apply, replicate, scatter
@@ -698,23 +698,29 @@ def zero_bytes_from_what_is_sharded(stage, world_size):
                for size, sharded_from in parts.values())  # a Fraction
 
 
-def world_size_by_bisection(n_parameters, gpu_memory_bytes, activation_bytes):
-    room = gpu_memory_bytes - activation_bytes
-    if room <= 0:
-        raise ValueError("the activations leave no room")
-    fits = [16 * math.ceil(n_parameters / world_size) <= room
-            for world_size in range(1, 16 * n_parameters // room + 3)]
-    return np.int64(bisect.bisect_left(fits, True) + 1)
+def largest_batch_by_bisection():
+    # Measure real steps, and bisect on the batch size: no model of the memory at all
+    def step_bytes(batch_size):
+        model = lesson11.make_model(seed=0, hidden=256)
+        X, y = torch.zeros(batch_size, 16), torch.zeros(batch_size, dtype=torch.long)
+        return measure_training_step(model, torch.optim.Adam(model.parameters()), X, y).total
+
+    low, high = 1, 4096  # step_bytes(low) fits, step_bytes(high) does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if step_bytes(middle) <= 1_000_000 else (low, middle)
+    return low
 
 
-def world_size_from_a_ceiling(n_parameters, gpu_memory_bytes, activation_bytes):
-    room = gpu_memory_bytes - activation_bytes
-    if room <= 0:
-        raise ValueError("no memory left for the model")
-    world_size = max(1, math.ceil(16 * n_parameters / room))
-    while 16 * math.ceil(n_parameters / world_size) > room:
-        world_size += 1
-    return world_size
+def largest_batch_from_two_measurements():
+    steps = {}
+    for batch_size in (64, 192):
+        model = lesson11.make_model(seed=0, hidden=256)
+        X, y = torch.randn(batch_size, 16), torch.randint(0, 4, (batch_size,))
+        steps[batch_size] = measure_training_step(model, torch.optim.Adam(model.parameters()), X, y)
+    per_sample = (steps[192].activations - steps[64].activations) // 128  # the slope
+    fixed = steps[64].total - 64 * per_sample  # model state and the batch's scalar
+    return np.int64((1_000_000 - fixed) // per_sample)
 
 
 def recipes_with_filter(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
@@ -917,9 +923,10 @@ ALTERNATIVES = {
         answer("branches", zero_bytes_with_branches),
         answer("what is sharded, a Fraction", zero_bytes_from_what_is_sharded),
     ],
-    lesson11.check_smallest_world_size_for_zero3: [
-        answer("bisection, a numpy integer", world_size_by_bisection),
-        answer("a ceiling, then upwards", world_size_from_a_ceiling),
+    lesson11.check_largest_batch: [
+        answer("bisection on measured steps", largest_batch_by_bisection()),
+        answer("the slope of two measurements, a numpy integer",
+               largest_batch_from_two_measurements()),
     ],
     lesson11.check_recipes_that_fit: [
         answer("filter and .total", recipes_with_filter),
