@@ -758,24 +758,35 @@ def global_rank_as_numpy(node_rank, local_rank, nproc_per_node):
     return np.ravel_multi_index((node_rank, local_rank), (node_rank + 1, nproc_per_node))
 
 
-def ranks_with_accumulate(nproc_per_node):
-    ends = list(itertools.accumulate(nproc_per_node))
-    return [list(range(end - count, end)) for count, end in zip(nproc_per_node, ends)]
+def ranks_on_my_node_from_a_tensor():
+    node_ranks = torch.zeros(dist.get_world_size(), dtype=torch.long)
+    mine = torch.tensor([int(os.environ["GROUP_RANK"])])
+    dist.all_gather(list(node_ranks.split(1)), mine)  # views: each rank's slot of node_ranks
+    return torch.nonzero(node_ranks == mine).flatten()  # a tensor of ranks
 
 
-def ranks_from_one_counter(nproc_per_node):
-    counter = itertools.count()
-    return [[next(counter) for _ in range(count)] for count in nproc_per_node]
+def ranks_on_my_node_from_local_ranks():
+    # My node's first rank is my rank minus my LOCAL_RANK; LOCAL_WORLD_SIZE says how many follow
+    first = dist.get_rank() - int(os.environ["LOCAL_RANK"])
+    return tuple(np.arange(first, first + int(os.environ["LOCAL_WORLD_SIZE"])))  # numpy ints
 
 
-def bus_bandwidth_in_one_line(nbytes, seconds, world_size):
-    return 2 * nbytes * (world_size - 1) / (world_size * seconds)
+def health_as_lists(rows, world_size):
+    # Rows as lists, the best as a numpy float
+    health = [[nbytes, seconds, 2 * nbytes * (world_size - 1) / (world_size * seconds)]
+              for nbytes, seconds in rows]
+    return health, np.max([row[2] for row in health]), world_size
 
 
-def bus_bandwidth_from_the_cost_model(nbytes, seconds, world_size):
-    from course_lib.topics.cost_model import algorithm_bandwidth
+def health_from_the_cost_model(rows, world_size):
+    from course_lib.topics.cost_model import bus_bandwidth
 
-    return np.float64(algorithm_bandwidth(nbytes, seconds)) * (2 - 2 / world_size)
+    health = tuple((nbytes, seconds, bus_bandwidth(nbytes, seconds, world_size))
+                   for nbytes, seconds in rows)
+    return health, sorted(bus for _, _, bus in health)[-1], world_size
+
+
+MEASURED_ALL_REDUCES = [(2**18, 506e-6), (2**20, 640e-6), (2**22, 2.219e-3), (2**24, 17.3e-3)]
 
 
 ALTERNATIVES = {
@@ -936,13 +947,15 @@ ALTERNATIVES = {
         answer("counting nodes", global_rank_by_counting),
         answer("numpy's ravel_multi_index", global_rank_as_numpy),
     ],
-    lesson12.check_ranks_on_each_node: [
-        answer("itertools.accumulate", ranks_with_accumulate),
-        answer("one counter", ranks_from_one_counter),
+    lesson12.check_ranks_on_my_node: [
+        answer("all_gather of a tensor, a tensor back", ranks_on_my_node_from_a_tensor),
+        answer("from LOCAL_RANK and LOCAL_WORLD_SIZE, numpy ints",
+               ranks_on_my_node_from_local_ranks),
     ],
-    lesson12.check_bus_bandwidth: [
-        answer("one line", bus_bandwidth_in_one_line),
-        answer("from algorithm_bandwidth, a numpy float", bus_bandwidth_from_the_cost_model),
+    lesson12.check_health_check: [
+        answer("lists, a numpy float", *health_as_lists(MEASURED_ALL_REDUCES, 2)),
+        answer("the cost model's bus_bandwidth on 4 ranks, a tuple",
+               *health_from_the_cost_model(MEASURED_ALL_REDUCES, 4)),
     ],
     lesson13.check_capstone: [answer(name, path) for name, path in ALTERNATIVE_CONVERSIONS.items()],
 }
