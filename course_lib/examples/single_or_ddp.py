@@ -28,7 +28,10 @@ def setup():
     if "RANK" not in os.environ:  # plain `python script.py`: no process group at all
         return False, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
     local_rank, local_world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    if torch.cuda.device_count() >= local_world_size:  # one GPU per process: NCCL
+    # One GPU per process: NCCL. This counts the GPUs this process sees; a scheduler that gives
+    # each process its own CUDA_VISIBLE_DEVICES shows it one, so there test device_count() >= 1
+    # and use device 0.
+    if torch.cuda.device_count() >= local_world_size:
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl")
         return True, dist.get_rank(), dist.get_world_size(), torch.device("cuda", local_rank)
