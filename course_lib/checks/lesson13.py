@@ -329,6 +329,8 @@ def _expect_finished(run: Run, script: Path) -> None:
                 "that another rank never calls: every rank must run the same steps and the same "
                 "collectives, e.g. no all_reduce inside `if rank == 0:`")
     if run.returncode != 0:
+        if run.distributed and _trained_without_ddp(run):
+            _expect_ddp(run)  # ranks training on their own share files; that is why it crashed
         _reject_crash(run, script)
     expected = list(range(run.ranks)) if run.distributed else [None]
     for rank in (rank for rank in expected if rank not in run.processes):
@@ -450,6 +452,15 @@ def _start_epochs(run: Run) -> dict:
         starts[rank] = next((epoch for epoch in range(EPOCHS)
                              if first == rank_share(epoch, rank, run.ranks)), "?")
     return starts
+
+
+def _trained_without_ddp(run: Run) -> bool:
+    """Every rank recorded, a rank took an optimizer step, and no forward went through DDP: each
+    rank trained as train.py does. Such ranks race for checkpoint.pt (one can load it while
+    another writes it), so the crash that may follow is a symptom, DDP missing the cause."""
+    events = [event for process in run.processes.values() for event in process.events]
+    return (len(run.processes) == run.ranks and any(event[0] == "step" for event in events)
+            and not any(event[0] == "forward" for event in events))
 
 
 def _expect_ddp(run: Run) -> None:

@@ -240,6 +240,20 @@ def test_the_unconverted_script_is_rejected(tmp_path):
     assert "rank 0's model is not wrapped in DDP" in graded(path)
 
 
+@pytest.mark.timeout(GRADE_TIMEOUT_S)
+def test_the_unconverted_script_is_told_about_ddp_when_its_ranks_crash_over_one_file(tmp_path):
+    """Unconverted, both ranks write checkpoint.pt; one rank started late (a slow import) can load
+    it half-written and crash. Here rank 1 crashes that way on every run: the message still names
+    the cause, the missing DDP, and not the crash it leads to."""
+    path = tmp_path / "train_ddp.py"
+    text = (EXAMPLES / "capstone_single.py").read_text()
+    assert text.endswith("    main()\n")
+    path.write_text(text + '    if os.environ.get("RANK") == "1":  # the other rank\'s half-written '
+                    'file, read\n        raise RuntimeError("PytorchStreamReader failed reading '
+                    'zip archive: failed finding central directory")\n')
+    assert "rank 0's model is not wrapped in DDP" in graded(path)
+
+
 def test_the_stub_is_rejected_at_once_with_the_usual_advice(tmp_path):
     path = tmp_path / "train_ddp.py"
     path.write_text('# YOUR CODE HERE\nraise NotImplementedError("Exercise: write this part, then '
