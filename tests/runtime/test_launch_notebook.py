@@ -42,8 +42,10 @@ def test_interrupting_the_kernel_stops_every_rank_and_the_kernel_lives_on():
                 if len(pids) == 2:
                     manager.interrupt_kernel()
             elif message["msg_type"] == "error":
-                error = content["ename"]
-        assert error == "KeyboardInterrupt" and len(pids) == 2
+                error = content["ename"], content["evalue"]
+        # a KeyboardInterrupt that says where each rank was (sleep_forever), every rank stopped
+        assert error[0] == "DistributedRunInterrupted" and len(pids) == 2
+        assert "interrupted: the 2 ranks were stopped" in error[1] and "sleep_forever" in error[1]
         assert all(process_is_gone(pid) for pid in pids)
         reply = client.get_shell_msg(timeout=30)
         while reply["parent_header"].get("msg_id") != msg_id:  # a late reply to start_new_kernel's kernel_info

@@ -15,7 +15,7 @@ from ..shared.errors import DistributedRunError
 from ..shared.output import OutputRelay
 from .supervisor import RankSupervisor
 from ..rank.main import CallFunction
-from ..shared.protocol import RankSpec
+from ..shared.protocol import RECORDER_ENTRIES, RECORDER_ENV, RankSpec
 from .store import Rendezvous
 
 __all__ = ["launch", "DistributedRunError"]
@@ -23,7 +23,7 @@ __all__ = ["launch", "DistributedRunError"]
 
 def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
            timeout: Optional[float] = None, init_process_group: bool = True, output: str = "all",
-           start_method: Optional[str] = None, **kwargs) -> List[Any]:
+           start_method: Optional[str] = None, record_collectives: bool = True, **kwargs) -> List[Any]:
     """Run ``fn(*args, **kwargs)`` on ``nprocs`` processes; return ``[result of rank 0, ...]``.
 
     - ``fn`` may be defined in a notebook cell, a closure or a lambda.
@@ -37,6 +37,11 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     - ``timeout`` (seconds): past it, every hung rank's stack is shown and all are stopped. It
       covers the whole run, each rank's exit included.
     - ``start_method``: None (fork where safe, else spawn), "fork" or "spawn".
+    - ``record_collectives``: each rank keeps torch's record of its last 64 collectives (the flight
+      recorder, ``TORCH_FR_BUFFER_SIZE``), so that a timeout, a failure or an interrupt says where
+      the ranks parted: "collective #4 differs: rank 0 all_reduce float32[4], rank 1 broadcast
+      float32[10]". ``False`` turns it off (``TORCH_FR_BUFFER_SIZE=0``), and a value of that variable
+      you set yourself is kept.
 
     How a rank ends: it sends its result as soon as ``fn`` returns, before ``fn``'s local variables
     are freed; then it frees them (their destructors run, as after any return) and exits without
@@ -56,12 +61,12 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     """
     __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
     return run_ranks(CallFunction(fn, args, kwargs), nprocs, backend, timeout, init_process_group,
-                     output, start_method, who="launch")
+                     output, start_method, who="launch", record_collectives=record_collectives)
 
 
 def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: Optional[float],
               init_process_group: bool, output: str, start_method: Optional[str],
-              who: str) -> List[Any]:
+              who: str, record_collectives: bool = True) -> List[Any]:
     """Start the ranks on `job`, wait for every reply, stop them all: launch's and spawn's body."""
     __tracebackhide__ = True
     if not callable(job.fn):
@@ -69,7 +74,7 @@ def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: O
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout={timeout!r}: give a number of seconds above 0, or None")
     group, rendezvous = start_ranks(job, nprocs, backend, start_method, output,
-                                    init_process_group, timeout, who)
+                                    init_process_group, timeout, who, record_collectives)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         replies = group.collect(timeout=timeout)
@@ -82,7 +87,7 @@ def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: O
 
 def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional[str], output: str,
                 init_process_group: bool, pg_timeout_s: Optional[float],
-                who: str) -> Tuple[RankSupervisor, Rendezvous]:
+                who: str, record_collectives: bool = True) -> Tuple[RankSupervisor, Rendezvous]:
     """Check the request, choose backend and start method, say so in one line, start the ranks."""
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs={nprocs!r}: need a whole number of processes, at least 1")
@@ -100,11 +105,15 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
                          f"({backend_why}), start method {method}\n")  # one write: one output chunk
         sys.stdout.flush()
     rendezvous = Rendezvous(nprocs)
+    # torch records collectives by default (2000 entries since 2.5 for NCCL; gloo too on newer torch):
+    # 64 keep a rank's report small, 0 turns recording off; a value the user set is theirs
+    recorder = {} if os.environ.get(RECORDER_ENV) else {RECORDER_ENV: str(RECORDER_ENTRIES if record_collectives else 0)}
     specs = [RankSpec(rank=rank, world_size=nprocs, backend=backend,
                       init_process_group=init_process_group,
                       threads=env.threads_per_rank(nprocs, method), parent_pid=os.getpid(),
-                      env=rendezvous.environment(rank, method), sys_path=list(sys.path),
-                      job=job if method == "fork" else None, pg_timeout_s=pg_timeout_s)
+                      env={**rendezvous.environment(rank, method), **recorder}, sys_path=list(sys.path),
+                      job=job if method == "fork" else None, pg_timeout_s=pg_timeout_s,
+                      record_collectives=record_collectives)
              for rank in range(nprocs)]
     try:
         return RankSupervisor(specs, method, relay, job_bytes), rendezvous

@@ -31,8 +31,10 @@ class DistributedSession:
     """
 
     def __init__(self, nprocs: int = 2, backend: Optional[str] = None, start_method: Optional[str] = None,
-                 output: str = "all", timeout: Optional[float] = None, startup_timeout: float = 120.0):
+                 output: str = "all", timeout: Optional[float] = None, startup_timeout: float = 120.0,
+                 record_collectives: bool = True):
         self.nprocs, self.backend, self.start_method = nprocs, backend, start_method
+        self.record_collectives = record_collectives
         self.output, self.timeout, self.startup_timeout = output, timeout, startup_timeout
         self._group = self._rendezvous = None
         self._cells = 0
@@ -90,7 +92,9 @@ class DistributedSession:
     def _start(self) -> None:
         self._group, self._rendezvous = start_ranks(
             SessionLoop(), self.nprocs, self.backend, self.start_method, self.output,
-            init_process_group=True, pg_timeout_s=None, who="session")
+            init_process_group=True, pg_timeout_s=None, who="session",
+            record_collectives=self.record_collectives)
+        self._group.explain_interrupts = False  # an interrupt stops the command, not the ranks
         try:
             self._group.collect(timeout=self.startup_timeout)  # every rank says "ready"
         except BaseException:

@@ -13,7 +13,7 @@ __all__ = ["spawn"]
 def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
           start_method: Optional[str] = None, *, backend: Optional[str] = None,
           timeout: Optional[float] = None, init_process_group: bool = False,
-          output: str = "all") -> List[Any]:
+          output: str = "all", record_collectives: bool = True) -> List[Any]:
     """Run ``fn(rank, *args)`` on ranks 0 to ``nprocs - 1``; return ``[result of rank 0, ...]``.
 
     The call of ``torch.multiprocessing.spawn`` (``mp.spawn(fn, args=(world_size,),
@@ -29,7 +29,8 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
     - ``join=False`` is refused: ranks never outlive the call (``daemon`` is accepted and changes
       nothing). For ranks that stay alive between cells, use DistributedSession.
 
-    ``backend``, ``timeout`` and ``output`` mean what they mean for ``launch``; so does the way a
+    ``backend``, ``timeout``, ``output`` and ``record_collectives`` mean what they mean for
+    ``launch``; so does the way a
     rank ends. With ``timeout=None`` (the default, as ``mp.spawn`` has none) a rank inside ``fn``
     may run as long as it needs, but a rank stuck after ``fn`` returned (freeing its variables)
     is stopped 30 s after its result and named in a DistributedRunError, whose ``.results`` holds
@@ -44,4 +45,5 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True, da
                         f"args=(world_size,) (note the comma), as for torch.multiprocessing.spawn")
     __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
     return run_ranks(CallFunction(fn, tuple(args), {}, rank_first=True), nprocs, backend, timeout,
-                     init_process_group, output, start_method, who="spawn")
+                     init_process_group, output, start_method, who="spawn",
+                     record_collectives=record_collectives)

@@ -37,6 +37,8 @@ class RankHandle:
     rendezvous: Optional[dict] = None        # where the rank's own init_process_group went, if it called one
     replied_at: Optional[float] = None       # time.monotonic() of its latest reply; None: none yet
     exit_step: Optional[dict] = None         # what it does after its function returned (rank_process)
+    collectives: Optional[list] = None       # the collectives it recorded, as of its latest note
+    collectives_at: Optional[float] = None   # time.monotonic() of that note
 
     @property
     def alive(self) -> bool:

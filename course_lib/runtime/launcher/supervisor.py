@@ -2,6 +2,7 @@
 
 Used by `launch` (one job per rank) and by `DistributedSession` (many commands per rank).
 """
+import contextlib
 import os
 import pickle
 import selectors
@@ -13,7 +14,9 @@ from ..shared import channel
 from ..shared.errors import DistributedRunError, RankFailure
 from ..shared.output import OutputRelay
 from ..shared.process_group import signal_group
-from ..shared.protocol import ERROR, EXITING, OK, RENDEZVOUS, RankSpec, error_record
+from ..shared.protocol import COLLECTIVES, ERROR, EXITING, OK, RENDEZVOUS, RankSpec, error_record
+from .diagnosis import RankState, diagnose
+from ..rank.collective_log import ASK
 from .starter import STREAMS, RankHandle, close_all, fork_rank, preload_for_fork, spawn_rank
 from ..shared.tracebacks import innermost_frame, native_threads, notebook_friendly, trim_stack_dump
 
@@ -21,11 +24,18 @@ from ..shared.tracebacks import innermost_frame, native_threads, notebook_friend
 EXIT_GRACE_S = 30.0
 
 
+class DistributedRunInterrupted(DistributedRunError, KeyboardInterrupt):
+    """The run was interrupted (the notebook's stop button, Ctrl-C): each rank's line and the
+    diagnosis, after every rank was stopped. Still a KeyboardInterrupt for code that catches one."""
+
+
 class RankSupervisor:
     """A set of running ranks; `collect()` gathers one message from each."""
 
     def __init__(self, specs: List[RankSpec], start_method: str, relay: OutputRelay, job_bytes=None):
         self.relay = relay
+        self.record_collectives = all(spec.record_collectives for spec in specs)
+        self.explain_interrupts = True  # Ctrl-C: stacks and diagnosis (a session interrupts its ranks instead)
         self.handles: List[RankHandle] = []
         self.selector = selectors.DefaultSelector()
         if start_method == "fork":
@@ -71,6 +81,8 @@ class RankSupervisor:
                         handle.rendezvous = payload
                     elif kind == EXITING:  # a note after the reply: what the rank does before it exits
                         handle.exit_step = payload
+                    elif kind == COLLECTIVES:  # a note: the collectives it issued so far
+                        handle.collectives, handle.collectives_at = payload, time.monotonic()
                     else:
                         handle.replied_at = time.monotonic()
                         handle.messages.append((kind, payload))
@@ -97,8 +109,22 @@ class RankSupervisor:
         """
         __tracebackhide__ = True
         ranks = [h.rank for h in self.handles] if ranks is None else list(ranks)
+        started = time.monotonic()
+        replies, failures = {}, {}
+        try:
+            return self._collect(ranks, timeout, failure_grace, interrupted, replies, failures)
+        except KeyboardInterrupt:
+            if not self.explain_interrupts:
+                raise
+            busy = [self.handles[r] for r in ranks if r not in replies and r not in failures]
+            self._add_stacks(busy, failures, f"interrupted after {time.monotonic() - started:.0f} s",
+                             phase="interrupted")
+            raise self.error(failures, interrupted=True, finished=replies) from None
+
+    def _collect(self, ranks, timeout, failure_grace, interrupted, replies, failures):
+        __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
-        replies, failures, first_failure = {}, {}, None
+        first_failure = None
         while True:
             for handle in (self.handles[r] for r in ranks):
                 if handle.rank in replies or handle.rank in failures:
@@ -123,12 +149,12 @@ class RankSupervisor:
                 break
             if deadline is not None and now > deadline:
                 self._add_stacks(busy, failures, f"still running after {timeout:g} s", phase="timeout")
-                raise self.error(failures, timed_out=True)
+                raise self.error(failures, timed_out=True, finished=replies)
             if interrupted():
                 raise KeyboardInterrupt
             self.pump(0.05 if deadline is None else max(0.0, min(0.05, deadline - now)))
         if failures:
-            raise self.error(failures)
+            raise self.error(failures, finished=replies)
         return replies
 
     def await_exits(self, results: dict, deadline: Optional[float] = None,
@@ -173,31 +199,60 @@ class RankSupervisor:
         threads = {handle.rank: native_threads(handle.pid) for handle in busy}
         lines = {handle.rank: summary(handle, threads[handle.rank]) if callable(summary) else summary
                  for handle in busy}
+        asked = time.monotonic()
         for handle in busy:
+            if self.record_collectives:  # the rank's own thread answers, even in a hung collective
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(handle.pid, ASK)
             signal_group(handle.pid, signal.SIGUSR1)
-        # Wait until every dump has arrived and stopped growing (3 s at most).
+        # Wait until every dump has arrived and stopped growing, and every record (3 s at most).
         end, last_sizes, stable_since = time.monotonic() + 3.0, None, time.monotonic()
         while time.monotonic() < end:
             self.pump(0.05)
             sizes = [len(h.stacks) for h in busy]
+            recorded = not self.record_collectives or all(
+                h.collectives_at is not None and h.collectives_at >= asked for h in busy)
             if sizes != last_sizes:
                 last_sizes, stable_since = sizes, time.monotonic()
-            elif all(sizes) and time.monotonic() - stable_since > 0.2:
+            elif all(sizes) and recorded and time.monotonic() - stable_since > 0.2:
                 break
         for handle in busy:
-            stack = notebook_friendly(trim_stack_dump(handle.stacks.decode("utf-8", "replace")))
+            dump = handle.stacks.decode("utf-8", "replace")
+            stack = notebook_friendly(trim_stack_dump(dump))
             handle.stacks.clear()
             shown = threads[handle.rank] if phase == "exiting" or "<no Python frame>" in stack else ""
-            waiting_in = innermost_frame(stack)
+            waiting_in = innermost_frame(dump)
             failures[handle.rank] = RankFailure(
                 handle.rank, phase, lines[handle.rank] + (f", waiting in {waiting_in}" if waiting_in else ""),
                 when=time.time(), stack=stack, waiting_in=waiting_in, threads=shown)
 
-    def error(self, failures, timed_out=False, results=None) -> DistributedRunError:
+    def error(self, failures, timed_out=False, results=None, finished=(),
+              interrupted=False) -> DistributedRunError:
         self.relay.flush()
-        note = _rendezvous_note(self.handles, failures) if timed_out else ""
-        return DistributedRunError(failures, self.relay.outputs(), len(self.handles), timed_out, note,
-                                   dict(results or {}))
+        note = _rendezvous_note(self.handles, failures) if timed_out or interrupted else ""
+        outputs = self.relay.outputs()
+        why = diagnose(self._states(failures, finished, outputs)) if self.record_collectives else ""
+        kind = DistributedRunInterrupted if interrupted else DistributedRunError
+        return kind(failures, outputs, len(self.handles), timed_out, note, dict(results or {}), why)
+
+    def _states(self, failures, finished, outputs) -> dict:
+        """What the diagnosis needs of each rank: how it ended, or where it waits, and its records."""
+        states = {}
+        for handle in self.handles:
+            failure = failures.get(handle.rank)
+            state, waiting_in, summary = "running", "", ""
+            if failure is None:
+                state = "returned" if handle.rank in finished else "running"
+            elif failure.phase in ("timeout", "hung", "interrupted"):
+                waiting_in = failure.waiting_in
+            elif failure.phase == "exiting":
+                state = "returned"
+            else:
+                state, summary = ("exited" if failure.phase == "exit" else "failed"), failure.summary
+            states[handle.rank] = RankState(handle.rank, state, failure.gave_up_waiting if failure else "",
+                                            handle.collectives, waiting_in, summary,
+                                            outputs.get(handle.rank, [])[-200:])
+        return states
 
     # -- stopping ------------------------------------------------------------------------------
     def send(self, rank: int, payload: bytes) -> None:

@@ -16,6 +16,7 @@ import time
 
 from ..shared import channel
 from ..shared.protocol import ERROR, EXITING, OK, RENDEZVOUS, RankPipes, RankSpec, unpicklable_result
+from .collective_log import answer_requests, send_records
 from .detach import detach_from_kernel
 from ..shared.tracebacks import describe_current_exception
 from .own_rendezvous import follow_user_rendezvous
@@ -26,6 +27,8 @@ def run_rank(spec: RankSpec, pipes: RankPipes, forked: bool) -> None:
     code = 1
     try:
         _detach_from_launcher_signals(spec.parent_pid)
+        if spec.record_collectives:
+            answer_requests(pipes.messages)
         if forked:
             detach_from_kernel(pipes.stdout, pipes.stderr)
         _keep_stack_dumps(pipes)
@@ -91,6 +94,8 @@ def _run_phases(spec: RankSpec, pipes: RankPipes) -> int:
             _destroy_process_group()
         return 0
     except BaseException:  # noqa: BLE001
+        if spec.record_collectives and phase != "startup":
+            send_records(pipes.messages)
         _report_error(pipes.messages, getattr(sys.exc_info()[1], "rank_phase", phase))
         return 1
 
@@ -256,6 +261,8 @@ class CallFunction:
             message = unpicklable_result(spec.rank, result, exc).removeprefix("TypeError: ")
             raise _in_phase(TypeError(message), "returning") from None
         del result
+        if spec.record_collectives:
+            send_records(pipes.messages)
         channel.write_frame(pipes.messages, payload)
         # The work is reported: now free what the function left, as its return would have.
         _note_exit_step(pipes.messages, {"step": "freeing", "locals": callee.describe_locals()})

@@ -12,6 +12,7 @@ import signal
 from ..shared import channel
 from ..shared.protocol import ERROR, OK, RankPipes, RankSpec, error_record, unpicklable_result
 from ..shared.tracebacks import describe_current_exception
+from .collective_log import send_records
 
 
 CLOSE = b"close"  # a frame that is not a pickle: the session ends
@@ -34,7 +35,10 @@ class SessionLoop:
                 return  # the launcher closed the session (or died)
             if frame == CLOSE:
                 return
-            channel.write_frame(pipes.messages, self._reply(spec.rank, frame))
+            reply = self._reply(spec.rank, frame)
+            if spec.record_collectives:
+                send_records(pipes.messages)
+            channel.write_frame(pipes.messages, reply)
 
     def _on_interrupt(self, signum, frame):
         # Only a running command is interrupted; a late SIGINT that finds the rank idle is dropped.

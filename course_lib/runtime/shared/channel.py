@@ -7,10 +7,12 @@ import os
 import pickle
 import struct
 import sys
+import threading
 
 import cloudpickle
 
 _HEADER = struct.Struct("!Q")
+_writing = threading.Lock()  # a rank's main thread and its collectives thread share the messages pipe
 
 
 class _CPUPickler(cloudpickle.CloudPickler):
@@ -33,9 +35,10 @@ def dumps(obj) -> bytes:
 def write_frame(fd: int, payload: bytes) -> None:
     """Write one frame, looping over partial writes (pipes take at most 64 KiB at a time)."""
     view = memoryview(_HEADER.pack(len(payload)) + payload)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    with _writing:
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
 
 
 def send(fd: int, obj) -> None:

@@ -9,6 +9,11 @@ from typing import Any, Dict, List, Optional
 
 _LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # course_lib/
 
+# What gloo says when the rank at the other end of a connection has exited or crashed
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# What gloo and NCCL say when a collective outlived the process group's timeout
+BACKEND_TIMEOUT = ("Timed out waiting", "Watchdog caught collective operation timeout")
+
 PHASES = {
     "startup": "while starting the rank (before your code)",
     "unpickling": "while unpickling your function and arguments (before your code)",
@@ -16,6 +21,7 @@ PHASES = {
     "running": "in your function",
     "returning": "while sending the return value back",
     "exiting": "after your function returned",
+    "interrupted": "",
     "exit": "",
     "timeout": "",
     "hung": "",
@@ -38,6 +44,21 @@ class RankFailure:
         where = PHASES.get(self.phase, self.phase)
         return f"rank {self.rank} {where}: {self.summary}".replace("  ", " ")
 
+    @property
+    def gave_up_waiting(self) -> str:
+        """Why a rank stopped waiting in a collective without a bug of its own: "" if it did not."""
+        if self.lost_a_peer:
+            return "gloo lost the connection"
+        if any(words in self.summary for words in BACKEND_TIMEOUT):
+            return "it timed out"
+        return ""
+
+    @property
+    def lost_a_peer(self) -> bool:
+        """Whether this failure is gloo losing its connection to a rank that ended first: a
+        consequence of another rank's failure, not a bug of its own."""
+        return any(words in self.summary for words in PEER_GONE)
+
 
 @dataclass(eq=False)  # exceptions must stay hashable
 class DistributedRunError(RuntimeError):
@@ -49,6 +70,7 @@ class DistributedRunError(RuntimeError):
     timed_out: bool = False
     note: str = ""                  # what the launcher knows beyond each rank (e.g. the rendezvous)
     results: Dict[int, Any] = field(default_factory=dict)  # {rank: result} of the ranks whose result arrived
+    diagnosis: str = ""             # why the ranks did not meet, from the collectives they recorded
 
     def __post_init__(self):
         RuntimeError.__init__(self, self.describe())
@@ -59,8 +81,10 @@ class DistributedRunError(RuntimeError):
 
     @property
     def root_cause(self) -> RankFailure:
-        """The earliest failure that raised; other ranks usually fail because that one did."""
-        raised = [f for f in self.failures.values() if f.traceback] or list(self.failures.values())
+        """The earliest failure that raised; other ranks usually fail because that one did. A rank
+        that only lost its connection to a peer is a consequence: a peer that died comes first."""
+        own = [f for f in self.failures.values() if not f.lost_a_peer] or list(self.failures.values())
+        raised = [f for f in own if f.traceback] or own
         return min(raised, key=lambda f: (f.when or float("inf"), f.rank))
 
     def __str__(self):
@@ -77,12 +101,16 @@ class DistributedRunError(RuntimeError):
         return shell.InteractiveTB.structured_traceback(type(self), self, _without_library_frames(self.__traceback__))
 
     def __reduce__(self):
-        return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out, self.note, self.results))
+        return (_rebuild, (self.failures, self.outputs, self.world_size, self.timed_out, self.note,
+                           self.results, self.diagnosis))
 
     def describe(self, output_lines: int = 10) -> str:
         stuck = [f for f in self.failures.values() if f.phase == "exiting"]
         only_stuck = bool(stuck) and len(stuck) == len(self.failures)
-        if self.timed_out:
+        interrupted = any(f.phase == "interrupted" for f in self.failures.values())
+        if interrupted:
+            head = f"interrupted: the {self.world_size} ranks were stopped; where each one was:"
+        elif self.timed_out:
             hung = [f for f in self.failures.values() if f.phase in ("timeout", "exiting")]
             head = f"timed out: {len(hung)} of {self.world_size} ranks still running (ranks {_ranks(hung)})"
         elif only_stuck:
@@ -90,11 +118,12 @@ class DistributedRunError(RuntimeError):
                     f"(ranks {_ranks(stuck)})")
         else:
             head = f"{len(self.failures)} of {self.world_size} ranks failed (ranks {_ranks(self.failures.values())})"
-        lines = [head, ""] + ([self.note, ""] if self.note else [])
+        lines = [head] + ([f"Diagnosis: {self.diagnosis}"] if self.diagnosis else []) + [""]
+        lines += [self.note, ""] if self.note else []
         if stuck and len(self.results) == self.world_size:
             lines += ["Your function returned on every rank: the results are in this error's .results "
                       "(results[rank]).", ""]
-        if self.timed_out or only_stuck:
+        if self.timed_out or only_stuck or interrupted:
             for failure in sorted(self.failures.values(), key=lambda f: f.rank):
                 lines.append(f"rank {failure.rank}: {failure.summary}")
                 if failure.stack:
@@ -111,7 +140,7 @@ class DistributedRunError(RuntimeError):
             if others:
                 lines += ["", "Other ranks:"]
                 for failure in sorted(others, key=lambda f: f.rank):
-                    lines.append(f"  {failure.headline()}")
+                    lines.append(f"  {_consequence(failure, root) if failure.lost_a_peer else failure.headline()}")
                     lines += ["    " + line for line in failure.stack.rstrip().splitlines()]
                     lines += ["    " + line for line in failure.threads.rstrip().splitlines()]
             lines.append("")
@@ -121,6 +150,14 @@ class DistributedRunError(RuntimeError):
             for rank, out in shown.items():
                 lines += [f"  [rank{rank}] {line}" for line in out]
         return "\n".join(lines).rstrip()
+
+
+def _consequence(failure: RankFailure, root: RankFailure) -> str:
+    """A peer-lost failure, named as what followed the root cause (gloo's own words kept short)."""
+    said = next(words for words in PEER_GONE if words in failure.summary)
+    return (f"rank {failure.rank} {PHASES.get(failure.phase, '')}: lost its connection to rank "
+            f"{root.rank}, which had failed (a consequence of rank {root.rank}'s failure, not a "
+            f"second bug; gloo said \"{said}\")").replace("  ", " ")
 
 
 def _without_library_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
@@ -139,5 +176,5 @@ def _ranks(failures) -> str:
     return ", ".join(str(f.rank) for f in sorted(failures, key=lambda f: f.rank))
 
 
-def _rebuild(failures, outputs, world_size, timed_out, note="", results=None):
-    return DistributedRunError(failures, outputs, world_size, timed_out, note, results or {})
+def _rebuild(failures, outputs, world_size, timed_out, note="", results=None, diagnosis=""):
+    return DistributedRunError(failures, outputs, world_size, timed_out, note, results or {}, diagnosis)

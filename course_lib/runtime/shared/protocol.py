@@ -7,12 +7,17 @@ A rank sends (kind, payload) tuples, each a channel frame:
     ERROR       payload: an error record (below); the rank's job failed in that phase
     RENDEZVOUS  payload: where the user's own init_process_group meets (a note on the way)
     EXITING     payload: {"step": ..., "when": ...}, what the rank does after its reply
+    COLLECTIVES payload: the collectives the rank recorded (rank.collective_log.records()), a note
+                sent before each result or error and whenever the launcher asks (SIGUSR2)
 """
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-OK, ERROR, RENDEZVOUS, EXITING = "ok", "error", "rendezvous", "exiting"
+OK, ERROR, RENDEZVOUS, EXITING, COLLECTIVES = "ok", "error", "rendezvous", "exiting", "collectives"
+
+# torch's flight recorder keeps this many collectives per rank when the variable is set (0: none)
+RECORDER_ENV, RECORDER_ENTRIES = "TORCH_FR_BUFFER_SIZE", 64
 
 
 @dataclass
@@ -29,6 +34,7 @@ class RankSpec:
     sys_path: list = field(default_factory=list)
     job: Any = None                # a callable job(spec, pipes); None: sent later on the control pipe
     pg_timeout_s: Optional[float] = None
+    record_collectives: bool = True  # send the collectives torch records (the hang diagnosis)
 
 
 @dataclass

@@ -13,6 +13,9 @@ INTERNAL_FILES = {os.path.join(_RUNTIME, *name.split("/")) for name in (
     "rank/main.py", "rank/session_loop.py", "launcher/starter.py", "launcher/supervisor.py", "launcher/launch.py")}
 
 
+_RANK_MAIN_FILES = {os.path.join(_RUNTIME, "rank", name) for name in ("main.py", "session_loop.py")}
+
+
 def describe_current_exception(phase: str) -> dict:
     """The current exception as plain data (the launcher may not be able to unpickle it).
 
@@ -128,17 +131,29 @@ def notebook_friendly(text: str) -> str:
     return text
 
 
+def place(filename: str, line) -> str:
+    """Where a line of code is, as a learner names it: "Cell In[5], line 9" for a notebook cell,
+    "train.py, line 9" for a file."""
+    shown = notebook_friendly(f'File "{filename}"')
+    return f"{os.path.basename(filename) if shown.startswith('File ') else shown}, line {line}"
+
+
 def innermost_frame(stack: str) -> str:
-    """'all_reduce (distributed_c10d.py:2950)' from faulthandler's dump of the current thread."""
+    """'all_reduce (distributed_c10d.py:2950)' from faulthandler's dump (untrimmed) of the rank's
+    main thread: the thread that runs course_lib's rank code, else the one the signal landed on."""
     blocks = stack.split("\n\n")
-    block = next((b for b in blocks if b.lstrip().startswith("Current thread")), blocks[0] if blocks else "")
+    mains = [b for b in blocks if any(f'"{name}"' in b for name in _RANK_MAIN_FILES)]
+    block = next(iter(mains), None) or next(
+        (b for b in blocks if b.lstrip().startswith("Current thread")), blocks[0] if blocks else "")
     for line in block.splitlines():
         line = line.strip()
         if line.startswith("File ") and " in " in line:
             location, function = line.rsplit(" in ", 1)
             if function in ("wrapper", "_fn", "inner"):
                 continue
-            filename = location.split('"')[1].rsplit("/", 1)[-1] if '"' in location else location
+            path = location.split('"')[1] if '"' in location else location
             line_no = location.rsplit("line ", 1)[-1].strip(", ")
-            return f"{function} ({filename}:{line_no})"
+            cell = notebook_friendly(f'File "{path}"')
+            where = f"{cell}, line {line_no}" if cell.startswith("Cell") else f"{path.rsplit('/', 1)[-1]}:{line_no}"
+            return f"{function} ({where})"
     return ""
