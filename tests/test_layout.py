@@ -121,20 +121,22 @@ def test_the_short_names_are_the_real_ones():
 
 
 def notebook_imports():
-    """(notebook, module, name) for every `from course_lib... import name` in solutions/ and lessons/."""
+    """(file, module, name) for every `from course_lib... import name` in solutions/, lessons/ and
+    the README's code."""
     import nbformat
 
     # `from m import a, b` on one line, or `from m import (a,\n b)` over several
     pattern = re.compile(r"^[ \t]*from[ \t]+(course_lib[\w.]*)[ \t]+import[ \t]+(\([\w\s,]+\)|[\w \t,]+)", re.M)
-    for path in sorted(PACKAGE.parent.glob("*/[0-9][0-9]_*.ipynb")):
-        for cell in nbformat.read(str(path), as_version=4).cells:
-            if cell.cell_type != "code":
-                continue
-            for module, names in pattern.findall(cell.source):
-                for name in filter(None, (n.strip(" \t\n()") for n in names.split(","))):
-                    yield path.relative_to(PACKAGE.parent), module, name
-            for module in re.findall(r"^\s*import\s+(course_lib[\w.]*)", cell.source, re.M):
-                yield path.relative_to(PACKAGE.parent), module, ""
+    sources = [(path, cell.source) for path in sorted(PACKAGE.parent.glob("*/[0-9][0-9]_*.ipynb"))
+               for cell in nbformat.read(str(path), as_version=4).cells if cell.cell_type == "code"]
+    readme = PACKAGE.parent / "README.md"
+    sources += [(readme, block) for block in re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)]
+    for path, source in sources:
+        for module, names in pattern.findall(source):
+            for name in filter(None, (n.strip(" \t\n()") for n in names.split(","))):
+                yield path.relative_to(PACKAGE.parent), module, name
+        for module in re.findall(r"^\s*import\s+(course_lib[\w.]*)", source, re.M):
+            yield path.relative_to(PACKAGE.parent), module, ""
 
 
 def test_notebooks_import_from_the_facade_topics_training_and_graders_check_names():
