@@ -52,7 +52,7 @@ PROGRAMS = {
             buffer = torch.zeros(3)
             dist.recv(buffer, src=peer)
             dist.send(buffer, dst=peer)
-        """, ["ranks 0 and 1 all wait in recv", "no rank is sending"]),
+        """, ["ranks 0 and 1 both wait in recv", "no rank is sending"]),
     "one_rank_fails": ("""
         def work():
             dist.all_reduce(torch.ones(4))
@@ -237,3 +237,19 @@ def test_an_interrupt_stops_the_ranks_and_says_where_they_parted(tmp_path):
     assert str(error).startswith("interrupted: the 2 ranks were stopped")
     _assert_holds(error.diagnosis, "different_collective")
     assert "rank 0: interrupted after" in str(error) and "waiting in all_reduce" in str(error)
+
+
+def test_a_rank_gloo_killed_while_its_peer_went_on_is_named_with_what_both_called():
+    dump = ["terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+            "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 20 vs 12. "
+            "Received data size doesn't match expected size.",
+            "Fatal Python error: Aborted",
+            'File "/site-packages/torch/distributed/distributed_c10d.py", line 4263 in all_gather',
+            'File "/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper',
+            'File "/home/me/eval.py", line 6 in gather_predictions']
+    states = {0: RankState(0, "returned", records=[_record(1, "all_gather", (5,))]),
+              1: RankState(1, "exited", records=None, summary="killed by SIGABRT", last_output=dump)}
+    assert diagnose(states) == (
+        "rank 1 killed by SIGABRT in all_gather at eval.py, line 6 (gloo: op.preamble.length <= "
+        "op.nbytes. 20 vs 12. Received data size doesn't match expected size.); rank 0's last "
+        "collective was #1 (all_gather float32[5] at train.py, line 1) and it finished")

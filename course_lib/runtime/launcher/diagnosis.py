@@ -8,7 +8,7 @@ main thread waits), `diagnose` says in one line what went wrong:
     collective #4 differs: rank 0 all_reduce float32[4] (Cell In[3], line 9), rank 1 broadcast float32[10] (...)
     rank 1 returned after 3 collectives; rank 0 waits in its 4th (all_reduce float32[4], Cell In[3], line 9)
     rank 1 is in no collective: it runs your code (busy (hang.py:12)) after 3; rank 0 waits in its 4th (...)
-    ranks 0 and 1 all wait in recv: a recv returns only when its peer sends to it, and no rank is sending
+    ranks 0 and 1 both wait in recv: a recv returns only when its peer sends to it, and no rank is sending
 
 and lists the last collectives every rank agreed on, so that one sees where the ranks parted.
 """
@@ -41,7 +41,8 @@ def diagnose(ranks: Dict[int, RankState]) -> str:
     nothing recorded says more than each rank's own detail."""
     if not ranks:
         return ""
-    for rule in (_different_collective, _one_ended_early, _one_busy, _point_to_point, _all_in_one):
+    for rule in (_different_collective, _one_ended_early, _crashed_in_a_collective, _one_busy,
+                 _point_to_point, _all_in_one):
         found = rule(ranks)
         if found:
             headline, agreed = found
@@ -84,6 +85,28 @@ def _one_ended_early(ranks):
     return "; ".join(ended_parts + wait_parts), (group, record["seq"] - 1)
 
 
+def _crashed_in_a_collective(ranks):
+    """A rank the backend killed inside a collective (gloo aborts on a size mismatch) while the
+    others went on: what it was in, what the backend said, and what the others issued there."""
+    crashed = [s for s in ranks.values() if s.state == "exited" and s.records is None
+               and _call_in_crash_dump(s.last_output)]
+    if not crashed:
+        return None
+    parts, agreed = [], None
+    for state in sorted(crashed, key=lambda s: s.rank):
+        crash = _crash_message(state.last_output)
+        parts.append(f"rank {state.rank} {state.summary} in {_call_in_crash_dump(state.last_output)}"
+                     + (f" (gloo: {crash})" if crash else ""))
+    for state in sorted(ranks.values(), key=lambda s: s.rank):
+        if state in crashed or not state.records:
+            continue
+        last = state.records[-1]
+        parts.append(f"rank {state.rank}'s last collective was #{last['seq']} ({_call(last)})"
+                     + (f" and it {state.state}" if state.state in ("returned", "failed") else ""))
+        agreed = agreed or (last["group"], last["seq"] - 1)
+    return "; ".join(parts).replace("it returned", "it finished"), agreed
+
+
 def _one_busy(ranks):
     """A rank still running but in no collective (busy in Python, sleeping) while others wait."""
     waiting = _waiting(ranks)
@@ -110,12 +133,13 @@ def _point_to_point(ranks):
         return None
     kinds = sorted({_function(s.waiting_in) for s in p2p})
     names = _ranks_phrase([s.rank for s in p2p])
+    every = "both" if len(p2p) == 2 else "all"
     if len(p2p) == len(ranks) and kinds in (["recv"], ["irecv"], ["wait"]):
-        line = (f"{names} all wait in {kinds[0]}: a recv returns only when its peer sends to it, and "
-                f"no rank is sending (make one side send first, or use isend/irecv)")
+        line = (f"{names} {every} wait in {kinds[0]}: a recv returns only when its peer sends to it, "
+                f"and no rank is sending (make one side send first, or use isend/irecv)")
     elif len(p2p) == len(ranks) and kinds == ["send"]:
-        line = (f"{names} all wait in send: a send returns only when its peer receives it, and no "
-                f"rank is receiving (make one side receive first, or use isend/irecv)")
+        line = (f"{names} {every} wait in send: a send returns only when its peer receives it, and "
+                f"no rank is receiving (make one side receive first, or use isend/irecv)")
     else:
         others = [s for s in ranks.values() if s not in p2p]
         line = f"{names} wait{'s' if len(p2p) == 1 else ''} in " + ", ".join(

@@ -42,7 +42,7 @@ class RankFailure:
 
     def headline(self) -> str:
         where = PHASES.get(self.phase, self.phase)
-        return f"rank {self.rank} {where}: {self.summary}".replace("  ", " ")
+        return f"rank {self.rank}{' ' + where if where else ''}: {self.summary}"
 
     @property
     def gave_up_waiting(self) -> str:
@@ -133,7 +133,7 @@ class DistributedRunError(RuntimeError):
                 lines.append("")
         else:
             root = self.root_cause
-            lines.append(f"Root cause: {root.headline()}")
+            lines.append(f"Root cause: {root.headline() if not root.lost_a_peer else _peer_ended(root)}")
             if root.traceback:
                 lines += ["", root.traceback.rstrip()]
             others = [f for f in self.failures.values() if f is not root]
@@ -150,6 +150,14 @@ class DistributedRunError(RuntimeError):
             for rank, out in shown.items():
                 lines += [f"  [rank{rank}] {line}" for line in out]
         return "\n".join(lines).rstrip()
+
+
+def _peer_ended(failure: RankFailure) -> str:
+    """The only failure is a lost connection: a peer ended (returned or was stopped) first."""
+    return (f"rank {failure.rank} {PHASES.get(failure.phase, '')}: lost its connection to a rank that "
+            f"had ended, while it still waited in a collective that rank never joined (gloo said "
+            f"\"{next(words for words in PEER_GONE if words in failure.summary)}\"; the diagnosis "
+            f"above says which)").replace("  ", " ")
 
 
 def _consequence(failure: RankFailure, root: RankFailure) -> str:
