@@ -1,4 +1,4 @@
-# Step 1: copy train.py here, under the %%writefile line; then change it step by step
+# Step 1: start from train.py, below; then change it step by step
 """The capstone's answer: train.py converted to DDP, one file for torchrun and for plain python.
 
     torchrun --standalone --nproc_per_node=2 train_ddp.py   # 2 ranks: NCCL on 2 GPUs, else gloo

@@ -320,8 +320,11 @@ class OutOfMemoryReport:
             return ("fragmentation: the cache holds more than the request, but in pieces; "
                     "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
         if self.other_processes >= self.requested:
-            return (f"other processes hold {self.other_processes / GiB:.2f} GiB of this GPU: "
-                    "another job, or a rank of yours on the wrong device")
+            unnamed = "" if self.this_process is not None else (
+                " (no sentence names this process: where NVML reports host PIDs, as in a "
+                "container, one of them may be this process)")
+            return (f"other processes hold {self.other_processes / GiB:.2f} GiB of this GPU"
+                    f"{unnamed}: another job, or a rank of yours on the wrong device")
         return ("the tensors fill the GPU: smaller micro-batch, activation checkpointing, "
                 "bf16, or shard with ZeRO/FSDP")
 

@@ -1,4 +1,4 @@
-"""Lesson 13's capstone grader, through real torchrun processes: each wrong conversion of train.py
+"""Lesson 14's capstone grader, through real torchrun processes: each wrong conversion of train.py
 is rejected with its own message, correct conversions written differently are accepted, and no
 process outlives a grade.
 
@@ -8,6 +8,7 @@ and one with other APIs for the same steps.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_lib.authoring.cells import is_solution_only
 from course_lib.checks import GradingError, passed_line
-from course_lib.checks import lesson13
-from course_lib.checks.lesson13 import (EVERY_RANK_SAVES, NCCL_ON_THE_CPU, NO_PROCESS_GROUP,
+from course_lib.checks import lesson14
+from course_lib.checks.lesson14 import (EVERY_RANK_SAVES, NCCL_ON_THE_CPU, NO_PROCESS_GROUP,
                                         ScriptFile, check_capstone, edited_reference,
                                         write_edited_reference)
+from course_lib.examples import capstone_ddp
 from course_lib.topics.cluster import _descendants
 
 pytestmark = pytest.mark.slow
@@ -218,7 +221,7 @@ def test_every_wrong_conversion_gets_a_message_of_its_own():
 
 
 # Correct conversions written differently from the reference, as paths a grader opens (written
-# when opened): tests/checks/test_checks_alternatives.py may list them for lesson13.check_capstone.
+# when opened): tests/checks/test_checks_alternatives.py may list them for lesson14.check_capstone.
 ALTERNATIVE_CONVERSIONS = {
     "nanoGPT style": ScriptFile(lambda: NANOGPT_STYLE),
     "other APIs": edited_reference(*OTHER_APIS),
@@ -264,15 +267,43 @@ def test_the_stub_is_rejected_at_once_with_the_usual_advice(tmp_path):
         check_capstone(tmp_path / "missing.py")
 
 
-def test_the_notebooks_solution_is_the_reference_conversion():
-    notebook = nbformat.read(ROOT / "solutions" / "13_capstone.ipynb", as_version=4)
-    regions = [cell.source for cell in notebook.cells
-               if cell.cell_type == "code" and cell.source.startswith("%%writefile train_ddp.py")]
-    assert len(regions) == 1
-    body = regions[0].split("### BEGIN SOLUTION\n", 1)[1].split("### END SOLUTION", 1)[0]
-    assert body == (EXAMPLES / "capstone_ddp.py").read_text(), (
-        "solutions/13_capstone.ipynb's exercise and course_lib/examples/capstone_ddp.py differ: "
-        "keep them the same")
+def code_cells(folder):
+    notebook = nbformat.read(ROOT / folder / "14_capstone.ipynb", as_version=4)
+    return [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def test_the_notebook_writes_the_exercise_file_and_its_solution_is_the_reference(tmp_path,
+                                                                                  monkeypatch):
+    # the notebook's own cells, run here: the one that writes train_ddp.py beside the notebook,
+    # then the solution-only one that puts the reference conversion in its place
+    [write_exercise] = [cell.source for cell in code_cells("solutions")
+                        if "train_ddp_path = " in cell.source]
+    [write_answer] = [cell.source for cell in code_cells("solutions") if is_solution_only(cell)
+                      and "capstone_ddp.__file__, train_ddp_path" in cell.source]
+    monkeypatch.chdir(tmp_path)  # the notebook's scratch folder, where it copied train.py
+    train_py = (EXAMPLES / "capstone_single.py").read_text()
+    (tmp_path / "train.py").write_text(train_py)
+    notebook_folder = tmp_path / "lessons"
+    notebook_folder.mkdir()
+    namespace = {"os": os, "shutil": shutil, "capstone_ddp": capstone_ddp,
+                 "notebook_folder": str(notebook_folder)}
+    exec(write_exercise, namespace)
+    exercise_path = notebook_folder / "train_ddp.py"
+    exercise, reference = exercise_path.read_text(), (EXAMPLES / "capstone_ddp.py").read_text()
+    steps = [line.strip() for line in reference.splitlines() if line.strip().startswith("# Step ")]
+    listed = [line for line in exercise.splitlines() if line.startswith("# Step ")]
+    assert len(steps) == 13 and listed == steps  # the table's steps, as the answer numbers them
+    assert lesson14.STUB in exercise and exercise.endswith(train_py)
+    with pytest.raises(GradingError, match="replace the `raise NotImplementedError"):
+        check_capstone(exercise_path)  # at once, before any run
+    exercise_path.write_text("# my conversion, half done\n")
+    exec(write_exercise, namespace)  # run again, the cell keeps the learner's file
+    assert exercise_path.read_text() == "# my conversion, half done\n"
+    exec(write_answer, namespace)
+    assert exercise_path.read_text() == reference, (
+        "solutions/14_capstone.ipynb's answer and course_lib/examples/capstone_ddp.py differ")
+    assert not any("capstone_ddp.__file__, train_ddp_path" in cell.source
+                   for cell in code_cells("lessons")), "the lesson must not hold the answer"
 
 
 @pytest.mark.timeout(300)
@@ -286,8 +317,8 @@ def test_the_oracle_is_what_train_py_prints_on_one_device(tmp_path):
                           capture_output=True, timeout=240)
     assert done.returncode == 0, done.stderr
     printed = [float(match[1]) for match in re.finditer(r"loss (\S+)", done.stdout)]
-    losses, shares = lesson13.oracle()
+    losses, shares = lesson14.oracle()
     expected = [loss for epoch in sorted(losses) for loss in losses[epoch]]
-    assert len(printed) == len(expected) == lesson13.EPOCHS * lesson13.STEPS_PER_EPOCH
-    assert max(abs(a - b) for a, b in zip(printed, expected)) < lesson13.LOSS_ATOL
+    assert len(printed) == len(expected) == lesson14.EPOCHS * lesson14.STEPS_PER_EPOCH
+    assert max(abs(a - b) for a, b in zip(printed, expected)) < lesson14.LOSS_ATOL
     assert shares[0][0][0] != losses[0][0]  # a rank's share of a batch is not the whole batch

@@ -229,6 +229,11 @@ def test_read_oom_message_reads_the_allocators_sizes_and_points_to_the_cause():
     crowded = read_oom_message(message("2.00 GiB", "1.06 GiB", "40.00 GiB", "39.30 GiB",
                                        "176.00 MiB", others))
     assert crowded.other_processes == 38 * GiB and "other processes" in crowded.diagnosis
+    assert "may be this process" not in crowded.diagnosis
+    in_a_container = read_oom_message(  # NVML's host PIDs: this process is one of the "Process N"
+        message("2.00 GiB", "1.06 GiB", "1", "39.30 GiB", "176.00 MiB", others).replace(
+            "Including non-PyTorch memory, this process has 1 memory in use. ", ""))
+    assert in_a_container.this_process is None and "may be this process" in in_a_container.diagnosis
     assert "larger than the whole GPU" in read_oom_message(
         message("120.00 GiB", "70.00 GiB", "9.00 GiB", "8.50 GiB", "0 bytes")).diagnosis
     without_nvml = message("2.00 GiB", "1.06 GiB", "1", "71.50 GiB", "5.97 GiB").replace(

@@ -1,4 +1,4 @@
-"""Grader for lesson 13, the capstone: train.py, a one-device training script, converted to DDP.
+"""Grader for lesson 14, the capstone: train.py, a one-device training script, converted to DDP.
 
 check_capstone(path) runs your file as a job would, in a scratch folder, on the CPU (gloo; the
 GPUs are hidden, so it grades the same on a laptop and on a GPU node):
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic, sleep
 
-from . import expect, grader, wrong_answer
+from . import GradingError, expect, grader, wrong_answer
 from ..topics.cluster import stop_processes
 
 WORLD_SIZE = 2
@@ -355,9 +355,11 @@ def _where_it_waits(run: Run, script: Path) -> list:
     return waits
 
 
+STUB_HINT = ("replace the `raise NotImplementedError(...)` line at the top of train_ddp.py with "
+             "your conversion of the script below it: edit the file beside the notebook, save it, "
+             "then run this check again")
+
 CRASH_HINTS = [  # (pattern in the error, what to change)
-    ("NotImplementedError", "replace the `raise NotImplementedError(...)` line in the exercise "
-                            "cell with your converted script, and run that cell again"),
     ("Default process group has not been initialized",
      "under torchrun, call dist.init_process_group(...) before DDP, DistributedSampler or any "
      "collective; with plain python (RANK not set) use none of them and train as train.py did"),
@@ -390,13 +392,14 @@ def _reject_crash(run: Run, script: Path) -> None:
     if not error and run.distributed:
         error = _agent_summary(run)
     if "NotImplementedError" in error:
-        raise NotImplementedError("train_ddp.py still raises the exercise's NotImplementedError")
+        raise GradingError("train_ddp.py", "your conversion of train.py",
+                           "a script that raises the exercise's NotImplementedError", STUB_HINT)
     if run.distributed and len(run.processes) == run.ranks:
         _expect_group_destroyed(run)  # a group left alive can abort the exit: say that first
     text = error + where  # not the whole output: a warning may name CUDA, say
     hint = next((hint for pattern, hint in CRASH_HINTS if re.search(pattern, text)),
                 "the error is raised in your script (its traceback is in the message above): fix "
-                "it, run the exercise cell again, then this check; to see it yourself, run "
+                "it in train_ddp.py, save it, then run this check again; to see it yourself, run "
                 "`torchrun --standalone --nproc_per_node=2 train_ddp.py` in a terminal")
     if run.distributed and "Connection" in text and len(run.processes) == run.ranks:
         starts = _start_epochs(run)
@@ -717,9 +720,11 @@ def _judge(run: Run, script: Path, epochs: list, losses: dict, shares: dict, amp
 def check_capstone(path):
     script = Path(os.fspath(path)).resolve()
     expect(script.is_file(), "train_ddp.py", f"a file at {path}", "no such file",
-           "run the exercise cell (its %%writefile line writes the file), then this check")
-    if STUB in script.read_text(errors="replace"):
-        raise NotImplementedError("train_ddp.py still holds the exercise's stub")
+           "run the cell that writes train_ddp.py beside the notebook (it keeps the file you "
+           "edited), then this check")
+    expect(STUB not in script.read_text(errors="replace"), "train_ddp.py",
+           "your conversion of train.py", "the exercise's starting file, which raises "
+           "NotImplementedError at its top", STUB_HINT)
     losses, shares = oracle()
     with tempfile.TemporaryDirectory(prefix="capstone_") as scratch:
         scratch = Path(scratch)
