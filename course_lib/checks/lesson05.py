@@ -1,8 +1,6 @@
-"""Graders for lesson 05, gradient accumulation and `no_sync`: how many micro-batches make the
-global batch, and an accumulation loop that matches the large batch with one all-reduce per step.
+"""Grader for lesson 05, gradient accumulation and `no_sync`: an accumulation loop that matches
+the large batch with one all-reduce per step.
 
-- grad_accum_steps for a global batch: global_batch_size / (batch_size x world_size) as a whole
-  number (any integer type), and a ValueError when it is not whole.
 - accumulation with no_sync: the weights after every optimizer step equal one process's on the
   whole global batch, with one DDP all-reduce per step, and the returned losses (numbers or 0-dim
   tensors), one per step, are this rank's: the loss of its own share of each global batch (the
@@ -21,8 +19,7 @@ from torch.nn.utils import parameters_to_vector
 
 from .oracle import close, large_batch_sgd
 from .ranks import run_on_ranks
-from . import (expect, expect_close, expect_value_error, expect_whole_number, grader,
-               wrong_answer)
+from . import expect, expect_close, grader, wrong_answer
 from ..topics.accumulation import accumulate_with_no_sync
 from ..training.data import make_dataset
 from ..training.models import make_model
@@ -34,59 +31,7 @@ MICRO_BATCH_SIZE = 4
 LOOP_CASES = ((4, 3), (2, 2))  # (grad_accum_steps, optimizer steps): 12 and 4 micro-batches per rank
 
 
-# -- exercise 1: how many micro-batches make the global batch ----------------------------------
-
-ACCUM_CASES = [  # (global_batch_size, batch_size, world_size, grad_accum_steps)
-    (256, 32, 2, 4), (256, 32, 8, 1), (512, 16, 4, 8), (64, 64, 1, 1), (96, 8, 4, 3),
-]
-IMPOSSIBLE_CASES = [  # no whole number of micro-batches gives exactly this global batch
-    (100, 32, 2), (256, 32, 16), (96, 64, 1),
-]
-
-
-@grader("grad_accum_steps for a global batch")
-def check_grad_accum_steps_for(grad_accum_steps_for):
-    for global_batch_size, batch_size, world_size, expected in ACCUM_CASES:
-        call = f"grad_accum_steps_for({global_batch_size}, {batch_size}, {world_size})"
-        got = grad_accum_steps_for(global_batch_size, batch_size, world_size)
-        expect_whole_number(got, call, "grad_accum_steps counts micro-batches: use // (integer "
-                            "division), not /")
-        expect(got == expected, call, str(expected), str(got),
-               "global_batch_size = batch_size x grad_accum_steps x world_size: every rank "
-               "contributes batch_size samples per micro-batch")
-    for global_batch_size, batch_size, world_size in IMPOSSIBLE_CASES:
-        call = f"grad_accum_steps_for({global_batch_size}, {batch_size}, {world_size})"
-        expect_value_error(lambda: grad_accum_steps_for(global_batch_size, batch_size, world_size),
-                           call, "no whole number of micro-batches gives this global batch",
-                           "check global_batch_size % (batch_size * world_size) == 0 (and a result "
-                           "of at least 1), and raise ValueError otherwise: a silently rounded "
-                           "global batch changes the training")
-
-
-def _ignores_world_size(global_batch_size, batch_size, world_size):
-    return global_batch_size // batch_size
-
-
-def _floors_silently(global_batch_size, batch_size, world_size):
-    return global_batch_size // (batch_size * world_size)
-
-
-def _rounds_up_silently(global_batch_size, batch_size, world_size):
-    return -(-global_batch_size // (batch_size * world_size))
-
-
-def _true_division(global_batch_size, batch_size, world_size):
-    steps = global_batch_size / (batch_size * world_size)
-    if steps != int(steps) or steps < 1:
-        raise ValueError("not a whole number of micro-batches")
-    return steps
-
-
-def _grad_accum_stub(global_batch_size, batch_size, world_size):
-    raise NotImplementedError("Exercise: write this part, then run the check cell below")
-
-
-# -- exercise 2: accumulation with no_sync -----------------------------------------------------
+# -- the exercise: accumulation with no_sync ------------------------------------------------
 
 def grading_micro_batches(grad_accum_steps, steps, rank, world_size=WORLD_SIZE):
     """Rank `rank`'s micro-batches, in order: `steps` global batches, each dealt to the ranks
@@ -303,13 +248,6 @@ def _loop_stub(ddp_model, optimizer, micro_batches, grad_accum_steps):
 
 
 WRONG_ANSWERS = {
-    check_grad_accum_steps_for: [
-        wrong_answer("forgets the world size", _ignores_world_size),
-        wrong_answer("rounds down without complaint", _floors_silently),
-        wrong_answer("rounds up without complaint", _rounds_up_silently),
-        wrong_answer("returns a float", _true_division),
-        wrong_answer("the stub", _grad_accum_stub),
-    ],
     check_train_with_accumulation: [
         wrong_answer("does not divide the loss by grad_accum_steps", _flawed(divide=False)),
         wrong_answer("syncs on every micro-batch (right weights, too many all-reduces)",

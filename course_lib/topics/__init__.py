@@ -12,4 +12,5 @@
     memory        per-rank memory estimator and its measured counterpart      (lesson 11)
     cluster       node layouts, torchrun command lines, SLURM, local "nodes"  (lesson 12)
     pitfalls      the clinic's broken snippets next to their fixes            (lesson 08)
+    debugging     broken runs next to their fixes; the flight recorder's dumps  (lesson 13)
 """

@@ -7,6 +7,8 @@ step); weak scaling keeps each rank's batch, so a step does N times the work (id
 import statistics
 import time
 import warnings
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -19,10 +21,11 @@ from ..runtime.shared.env import device_for_rank
 from ..runtime.launcher.launch import launch
 from ..training.models import make_model
 from .timing import Timing, synchronize
+from .traffic import count_traffic
 
 __all__ = ["SCALINGS", "speedup", "efficiency", "amdahl_speedup", "fit_amdahl",
-           "all_reduce_seconds", "predict_step_seconds", "accumulation_plan", "time_ddp_steps",
-           "measure_step_seconds", "measure_scaling", "median_of_runs"]
+           "all_reduce_seconds", "predict_step_seconds", "accumulation_plan", "StepTiming",
+           "time_ddp_steps", "measure_step_seconds", "measure_scaling", "median_of_runs"]
 
 SCALINGS = ("strong", "weak")
 
@@ -107,41 +110,64 @@ def accumulation_plan(global_batch_size: int, max_batch_size: int, world_size: i
             return per_rank // grad_accum_steps, grad_accum_steps
 
 
+@dataclass
+class StepTiming(Timing):
+    """A Timing of training steps, with what was timed: how many ranks, DDP's `bucket_cap_mb`
+    (None: DDP's default), and `buckets`, the gradient all-reduces DDP ran in one step (counted
+    by `count_traffic` in a step after the timed ones; None on one rank, which has no DDP)."""
+
+    world_size: int = 1
+    bucket_cap_mb: Optional[float] = None
+    buckets: Optional[int] = None
+
+
 def time_ddp_steps(batch_size: int, hidden: int = 32, steps: int = 20, warmup: int = 5,
-                   lr: float = 0.1) -> Timing:
+                   lr: float = 0.1, bucket_cap_mb: Optional[float] = None,
+                   hidden_layers: int = 1) -> StepTiming:
     """Time training steps of the course model inside a rank (call it on every rank).
 
     Each step starts with the ranks lined up and, on a GPU, ends after a synchronisation; its
     time is the slowest rank's. One rank trains the plain model: the honest baseline is the best
-    one-device program, not DDP talking to nobody.
+    one-device program, not DDP talking to nobody. On several ranks DDP wraps the model with
+    `bucket_cap_mb`; the `warmup` steps left out include its first, single-bucket step.
     """
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     device = device_for_rank()
-    model = make_model(seed=0, hidden=hidden).to(device)
+    model = make_model(seed=0, hidden=hidden, hidden_layers=hidden_layers).to(device)
     if world_size > 1:
         device_ids = [device.index] if device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                          bucket_cap_mb=bucket_cap_mb)
     X, y = (tensor.to(device) for tensor in make_dataset(n_samples=batch_size, seed=rank).tensors)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     line_up = torch.zeros(1, device=device)
+
+    def step():
+        loss = F.cross_entropy(model(X), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP all-reduces the gradients here
+        optimizer.step()
+
     seconds = []
     for _ in range(warmup + steps):
         if world_size > 1:
             dist.all_reduce(line_up)  # start together, as in cost_model.measure_all_reduce
         synchronize(device)
         start = time.perf_counter()
-        loss = F.cross_entropy(model(X), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP all-reduces the gradients here
-        optimizer.step()
+        step()
         synchronize(device)  # on a GPU, the step is done when the kernels are, not when Python is
         seconds.append(time.perf_counter() - start)
+    buckets = None
     if world_size > 1:  # a step ends when its slowest rank is done
         slowest = torch.tensor(seconds, dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         seconds = slowest.tolist()
-    return Timing(seconds=seconds[warmup:], warmup_seconds=seconds[:warmup])
+        with count_traffic() as traffic:  # one more step, untimed: the counter slows every op
+            step()
+        buckets = traffic.collectives.count("all_reduce")
+    return StepTiming(seconds=seconds[warmup:], warmup_seconds=seconds[:warmup],
+                      world_size=world_size, bucket_cap_mb=bucket_cap_mb, buckets=buckets)
 
 
 def measure_step_seconds(world_size: int, batch_size: int, hidden: int = 32, steps: int = 20,

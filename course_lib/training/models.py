@@ -17,12 +17,21 @@ def _seeded(seed: int, build, dtype: torch.dtype) -> nn.Module:
 
 def make_model(seed: int = 0, hidden: int = 32, dropout: float = 0.0,
                n_features: int = N_FEATURES, n_classes: int = N_CLASSES,
-               dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A two-layer MLP: Linear, ReLU, (Dropout), Linear. Outputs class logits."""
+               dtype: torch.dtype = torch.float32, hidden_layers: int = 1) -> nn.Module:
+    """A two-layer MLP: Linear, ReLU, (Dropout), Linear. Outputs class logits.
+
+    `hidden_layers=k` makes it deeper: k (Linear, ReLU, (Dropout)) blocks before the last Linear,
+    so 2 (k + 1) parameter tensors (lesson 04 needs many, for DDP's buckets to matter).
+    """
+    if hidden_layers < 1:
+        raise ValueError(f"hidden_layers={hidden_layers} must be at least 1")
+
     def build():
-        layers = [nn.Linear(n_features, hidden), nn.ReLU()]
-        if dropout > 0:
-            layers.append(nn.Dropout(dropout))
+        layers = []
+        for inputs in [n_features] + [hidden] * (hidden_layers - 1):
+            layers += [nn.Linear(inputs, hidden), nn.ReLU()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
         return nn.Sequential(*layers, nn.Linear(hidden, n_classes))
     return _seeded(seed, build, dtype)
 

@@ -14,7 +14,9 @@ import re
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from datetime import timedelta
 from fractions import Fraction
 from pathlib import Path
 
@@ -29,10 +31,13 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import course_lib.checks as checks
 from course_lib.checks import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, \
-    lesson06, lesson07, lesson08, lesson09, lesson10, lesson11, lesson12, lesson13, passed_line
+    lesson06, lesson07, lesson08, lesson09, lesson10, lesson11, lesson12, lesson13, lesson14, \
+    passed_line
+from course_lib.training.data import make_dataset
 from course_lib.topics.collectives import ring_chunks
 from course_lib.topics.memory import measure_training_step
-from test_capstone import ALTERNATIVE_CONVERSIONS  # scripts that convert lesson 13's file correctly
+from test_capstone import ALTERNATIVE_CONVERSIONS  # scripts that convert lesson 14's file correctly
+from test_bucket_measure import BUCKET_ALTERNATIVES  # lesson 04's bucket sweep, answered 2 ways
 from course_lib.training.checkpoint import write_atomically
 from course_lib.training.dp import gather, parallel_apply, replicate, scatter
 
@@ -317,20 +322,6 @@ def hidden_share_by_a_sweep(timeline, rank, step):
 
 
 # -- lesson 05 ----------------------------------------------------------------------------------
-
-def grad_accum_steps_with_divmod(global_batch_size, batch_size, world_size):
-    steps, remainder = divmod(global_batch_size, batch_size * world_size)
-    if remainder or steps == 0:
-        raise ValueError(f"{global_batch_size} is not a whole number of micro-batches")
-    return np.int64(steps)
-
-
-def grad_accum_steps_with_fractions(global_batch_size, batch_size, world_size):
-    steps = Fraction(global_batch_size, batch_size * world_size)
-    if steps.denominator != 1 or steps < 1:
-        raise ValueError("the global batch must be a multiple of batch_size * world_size")
-    return steps.numerator
-
 
 def accumulation_grouped_with_exit_stack(ddp_model, optimizer, micro_batches, grad_accum_steps):
     losses = []
@@ -789,6 +780,126 @@ def health_from_the_cost_model(rows, world_size):
 MEASURED_ALL_REDUCES = [(2**18, 506e-6), (2**20, 640e-6), (2**22, 2.219e-3), (2**24, 17.3e-3)]
 
 
+# -- lesson 13 ----------------------------------------------------------------------------------
+
+def end_of_epoch_with_all_gather_and_an_object(epoch_loss, lr):
+    losses = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(losses, torch.tensor([epoch_loss], dtype=torch.float64))
+    shared = [lr]
+    dist.broadcast_object_list(shared, src=0)  # rank 0's float, pickled
+    return torch.cat(losses).mean(), shared[0]  # a 0-d tensor and a float
+
+
+def end_of_epoch_in_one_all_reduce(epoch_loss, lr):
+    # Rank 0 adds its lr, the others add 0: the sum is rank 0's lr
+    values = torch.tensor([epoch_loss / dist.get_world_size(),
+                           lr if dist.get_rank() == 0 else 0.0], dtype=torch.float64)
+    dist.all_reduce(values)
+    return [np.float64(values[0]), values[1].item()]  # a list
+
+
+def load_data_with_a_broadcast_as_barrier(folder):
+    path = Path(folder) / "data.pt"
+    if dist.get_rank() == 0 and not path.exists():
+        X, y = make_dataset(n_samples=256).tensors
+        torch.save((X, y), str(path))
+    dist.broadcast(torch.zeros(1), src=0)  # no rank passes it before rank 0 reaches it
+    return list(torch.load(str(path)))
+
+
+def load_data_written_atomically(folder):
+    path = os.path.join(folder, "data.pt")
+    if dist.get_rank() == 0 and not os.path.isfile(path):
+        partial = path + ".partial"
+        torch.save(make_dataset(n_samples=256).tensors, partial)
+        os.replace(partial, path)
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    X, y = torch.load(path)
+    return X, y
+
+
+def step_and_loss_with_all_gather(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    optimizer.step()
+    every = [torch.zeros(()) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, loss.detach())
+    return torch.stack(every).mean()  # a 0-d tensor
+
+
+def step_and_loss_weighted_by_samples(model, optimizer, X, y):
+    optimizer.zero_grad()
+    output = model(X)
+    F.cross_entropy(output, y).backward()
+    optimizer.step()
+    totals = torch.tensor([F.cross_entropy(output.detach(), y, reduction="sum").item(), len(y)],
+                          dtype=torch.float64)
+    dist.all_reduce(totals)  # the summed loss and the number of samples of the global batch
+    return float(totals[0] / totals[1])
+
+
+def hand_ddp_dividing_before_each_all_reduce(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    for param in model.parameters():
+        param.grad /= dist.get_world_size()
+        dist.all_reduce(param.grad)
+    optimizer.step()
+    return loss.item()
+
+
+def hand_ddp_with_a_scaled_loss(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    (loss / dist.get_world_size()).backward()  # each rank's share of the mean: the sum is the mean
+    grads = [param.grad for param in model.parameters()]
+    flat = parameters_to_vector(grads)
+    dist.all_reduce(flat)
+    vector_to_parameters(flat, grads)  # into the same gradient tensors
+    optimizer.step()
+    return loss
+
+
+def add_noise_with_numpy(X, step, seed=0):
+    generator = np.random.default_rng([seed, step, dist.get_rank()])
+    return X + torch.from_numpy(generator.normal(0.0, 0.1, size=tuple(X.shape))).to(X.dtype)
+
+
+def add_noise_seeded_by_a_hash(X, step, seed=0):
+    generator = torch.Generator().manual_seed(hash((seed, step, int(os.environ["RANK"]))) % 2**62)
+    return X + torch.empty_like(X).normal_(0.0, 0.1, generator=generator)
+
+
+def loader_with_three_workers_and_more_prefetch(dataset):
+    sampler = DistributedSampler(dataset, num_replicas=int(os.environ["WORLD_SIZE"]),
+                                 rank=int(os.environ["RANK"]), shuffle=True, seed=0)
+    return DataLoader(dataset, batch_size=16, sampler=sampler, num_workers=3, prefetch_factor=4)
+
+
+class ThreadedBatches:
+    """Each batch's 16 reads at once, in threads (a read sleeps, so the GIL is free): no workers."""
+
+    def __init__(self, dataset):
+        self.dataset, self.sampler = dataset, DistributedSampler(dataset, shuffle=True, seed=0)
+        self.pool = ThreadPoolExecutor(16)
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        for start in range(0, len(indices), 16):
+            samples = list(self.pool.map(self.dataset.__getitem__, indices[start:start + 16]))
+            yield torch.stack([X for X, _ in samples]), torch.stack([y for _, y in samples])
+
+
+def wrap_with_static_graph(model):
+    return DDP(model, static_graph=True)
+
+
+def wrap_with_bucket_views(model):
+    return DDP(model, find_unused_parameters=False, gradient_as_bucket_view=True, bucket_cap_mb=1)
+
+
 ALTERNATIVES = {
     lesson00.check_whoami: [
         answer("environment strings made ints", whoami_from_the_environment_as_ints),
@@ -852,10 +963,7 @@ ALTERNATIVES = {
         answer("sampling a million instants, a numpy float", hidden_share_by_sampling_time),
         answer("a sweep over the span boundaries, a tensor", hidden_share_by_a_sweep),
     ],
-    lesson05.check_grad_accum_steps_for: [
-        answer("divmod, a numpy integer", grad_accum_steps_with_divmod),
-        answer("fractions.Fraction", grad_accum_steps_with_fractions),
-    ],
+    lesson04.check_best_bucket_cap: BUCKET_ALTERNATIVES,
     lesson05.check_train_with_accumulation: [
         answer("groups with an ExitStack, tensor losses", accumulation_grouped_with_exit_stack),
         answer("buffers a group, mean of undivided losses", accumulation_by_mean_of_losses),
@@ -957,9 +1065,38 @@ ALTERNATIVES = {
         answer("the cost model's bus_bandwidth on 4 ranks, a tuple",
                *health_from_the_cost_model(MEASURED_ALL_REDUCES, 4)),
     ],
-    lesson13.check_capstone: [answer(name, path) for name, path in ALTERNATIVE_CONVERSIONS.items()],
+    lesson13.check_end_of_epoch: [
+        answer("all_gather and broadcast_object_list", end_of_epoch_with_all_gather_and_an_object),
+        answer("one all_reduce of both, a list", end_of_epoch_in_one_all_reduce),
+    ],
+    lesson13.check_load_data: [
+        answer("pathlib, a broadcast as the barrier", load_data_with_a_broadcast_as_barrier),
+        answer("written atomically, monitored_barrier", load_data_written_atomically),
+    ],
+    lesson13.check_step_and_loss: [
+        answer("all_gather of the losses, a 0-d tensor", step_and_loss_with_all_gather),
+        answer("summed losses over all samples", step_and_loss_weighted_by_samples),
+    ],
+    lesson13.check_hand_ddp_step: [
+        answer("divides each gradient, then all_reduce", hand_ddp_dividing_before_each_all_reduce),
+        answer("a scaled loss, parameters_to_vector", hand_ddp_with_a_scaled_loss),
+    ],
+    lesson13.check_add_noise: [
+        answer("numpy's generator seeded by a sequence", add_noise_with_numpy),
+        answer("a hash of the seed, step and RANK", add_noise_seeded_by_a_hash),
+    ],
+    lesson13.check_make_loader: [
+        answer("3 workers, a sampler told its rank, prefetch 4",
+               loader_with_three_workers_and_more_prefetch),
+        answer("no workers: threads read each batch", ThreadedBatches),
+    ],
+    lesson13.check_wrap_for_ddp: [
+        answer("static_graph=True", wrap_with_static_graph),
+        answer("find_unused_parameters=False, bucket views", wrap_with_bucket_views),
+    ],
+    lesson14.check_capstone: [answer(name, path) for name, path in ALTERNATIVE_CONVERSIONS.items()],
 }
-SLOW_GRADERS = {lesson13.check_capstone}  # runs the learner's script under torchrun: the slow tier
+SLOW_GRADERS = {lesson14.check_capstone}  # runs the learner's script under torchrun: the slow tier
 
 ALTERNATIVE_CASES = [
     pytest.param(check, *case.values, id=f"{check.__module__.rsplit('.', 1)[-1]}.{check.__name__}:"

@@ -1,5 +1,6 @@
-"""The library's own versions of lesson 05's and 07's exercises pass their graders: the notebooks
-use them after the exercise (course_lib.topics.accumulation, course_lib.training.checkpoint)."""
+"""The library's own versions of lesson 05's, 07's and 13's exercises pass their graders: the
+notebooks use them after the exercise (course_lib.topics.accumulation,
+course_lib.training.checkpoint, course_lib.topics.debugging)."""
 from course_lib.checks import lesson05, lesson07, passed_line
 from course_lib.topics.accumulation import accumulate_with_no_sync
 from course_lib.training.checkpoint import write_atomically
@@ -14,3 +15,20 @@ def test_write_atomically_passes_the_atomic_save_grader(capsys):
 def test_accumulate_with_no_sync_passes_the_accumulation_grader(capsys):
     lesson05.check_train_with_accumulation(accumulate_with_no_sync)
     assert capsys.readouterr().out.splitlines() == [passed_line("accumulation with no_sync")]
+
+
+def test_lesson13s_reference_fixes_pass_their_graders(capsys):
+    # course_lib.topics.debugging holds each broken run (*_broken, a wrong answer of its grader)
+    # next to its fix
+    from course_lib.checks import lesson13
+    from course_lib.topics import debugging
+
+    checks = [lesson13.check_end_of_epoch, lesson13.check_load_data, lesson13.check_step_and_loss,
+              lesson13.check_hand_ddp_step, lesson13.check_add_noise, lesson13.check_make_loader,
+              lesson13.check_wrap_for_ddp]
+    for check in checks:
+        fix = getattr(debugging, check.__name__.removeprefix("check_"))
+        broken = getattr(debugging, fix.__name__ + "_broken")
+        assert broken in [wrong.args[0] for wrong in lesson13.WRONG_ANSWERS[check]]
+        check(fix)
+    assert capsys.readouterr().out.splitlines() == [passed_line(check.exercise) for check in checks]

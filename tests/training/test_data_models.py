@@ -1,4 +1,5 @@
 """The course dataset and models: deterministic, tiny, and the pitfall variants behave as taught."""
+import pytest
 import torch
 
 from course_lib.training.data import N_CLASSES, N_FEATURES, make_dataset
@@ -35,3 +36,13 @@ def test_pitfall_models():
     with_batchnorm = make_model_with_batchnorm()
     assert any(isinstance(m, torch.nn.BatchNorm1d) for m in with_batchnorm.modules())
     assert with_batchnorm(X).shape == (6, N_CLASSES)
+
+
+def test_a_deeper_model_keeps_the_default_and_adds_hidden_layers():
+    default, deeper = make_model(seed=0), make_model(seed=0, hidden=8, hidden_layers=3, dropout=0.1)
+    assert [type(m).__name__ for m in default] == ["Linear", "ReLU", "Linear"]
+    assert len(list(deeper.parameters())) == 2 * (3 + 1)  # lesson 04's buckets need many tensors
+    assert sum(isinstance(m, torch.nn.Dropout) for m in deeper) == 3
+    assert deeper(make_dataset(5).tensors[0]).shape == (5, N_CLASSES)
+    with pytest.raises(ValueError, match="hidden_layers=0"):
+        make_model(hidden_layers=0)

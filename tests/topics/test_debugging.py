@@ -1,0 +1,54 @@
+"""course_lib.topics.debugging: lesson 13 shows the broken runs the graders reject, and reads torch's
+flight recorder from inside the ranks as NCCL's watchdog would dump it."""
+import inspect
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import DistributedRunError, launch
+from course_lib.topics import debugging
+
+pytestmark = pytest.mark.timeout(120)
+
+SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "13_find_the_bug.ipynb"
+BROKEN = [debugging.end_of_epoch_broken, debugging.load_data_broken,
+          debugging.step_and_loss_broken, debugging.hand_ddp_step_broken,
+          debugging.add_noise_broken, debugging.make_loader_broken,
+          debugging.wrap_for_ddp_broken]
+
+
+@pytest.mark.parametrize("broken", BROKEN, ids=lambda fn: fn.__name__)
+def test_the_lesson_shows_the_broken_run_its_grader_rejects(broken):
+    # the graders' WRONG_ANSWERS hold the module's function: the notebook's cell must be that code
+    cells = [cell.source for cell in nbformat.read(SOLUTION, as_version=4).cells
+             if cell.cell_type == "code"]
+    assert inspect.getsource(broken).rstrip("\n") in cells, (
+        f"solutions/13_find_the_bug.ipynb has no cell with course_lib.topics.debugging."
+        f"{broken.__name__} as it is; copy the function into its cell")
+
+
+def _mismatched_after_a_dump(folder):
+    debugging.dump_collectives_after(1.0, folder)
+    dist.all_reduce(torch.ones(3))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(2))
+    else:
+        dist.broadcast(torch.ones(2), src=0)
+
+
+def test_the_dumps_read_like_nccls_and_torchfrtrace_names_the_mismatch():
+    with tempfile.TemporaryDirectory() as folder:
+        with pytest.raises(DistributedRunError):
+            launch(_mismatched_after_a_dump, folder, backend="gloo", timeout=3, output="none")
+        recorded = debugging.recorded_collectives(folder)
+        assert [[(seq, op) for seq, op, *_ in entries] for _, entries in sorted(recorded.items())] == [
+            [(1, "gloo:all_reduce"), (2, "gloo:all_reduce")],
+            [(1, "gloo:all_reduce"), (2, "gloo:broadcast")]]
+        assert recorded[0][0][4] == "completed" and recorded[0][1][4] != "completed"
+        report = debugging.torchfrtrace(folder)
+    assert "Collective sequence number: 2 has errors" in report
+    assert "COLLECTIVE_TYPE_MISMATCH" in report
