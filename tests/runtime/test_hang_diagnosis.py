@@ -253,3 +253,19 @@ def test_a_rank_gloo_killed_while_its_peer_went_on_is_named_with_what_both_calle
         "rank 1 killed by SIGABRT in all_gather at eval.py, line 6 (gloo: op.preamble.length <= "
         "op.nbytes. 20 vs 12. Received data size doesn't match expected size.); rank 0's last "
         "collective was #1 (all_gather float32[5] at train.py, line 1) and it finished")
+
+
+@pytest.mark.timeout(90)
+def test_a_session_cell_that_hangs_is_diagnosed_and_the_session_goes_on():
+    from course_lib import DistributedSession
+
+    with DistributedSession(nprocs=2, timeout=TIMEOUT_S, output="none") as session:
+        session.run("x = torch.ones(4); dist.all_reduce(x)")
+        with pytest.raises(DistributedRunError) as caught:
+            session.run("if rank == 0:\n    dist.all_reduce(torch.ones(4))\n"
+                        "else:\n    dist.broadcast(torch.zeros(10), src=0)")
+        assert caught.value.diagnosis.startswith(
+            "collective #2 differs: rank 0 all_reduce float32[4] at <distributed cell 2>, line 2; "
+            "rank 1 broadcast float32[10] at <distributed cell 2>, line 4")
+        assert "#1 all_reduce float32[4] at <distributed cell 1>, line 1" in caught.value.diagnosis
+        assert session.run("rank") == [0, 1]
