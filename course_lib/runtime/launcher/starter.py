@@ -36,7 +36,7 @@ class RankHandle:
     writer: Optional[threading.Thread] = None  # spawn: sends the spec and job in the background
     rendezvous: Optional[dict] = None        # where the rank's own init_process_group went, if it called one
     replied_at: Optional[float] = None       # time.monotonic() of its latest reply; None: none yet
-    exit_step: Optional[dict] = None         # what it does after its function returned (rank_process)
+    exit_step: Optional[dict] = None         # what it does after its function returned (rank.main)
     collectives: Optional[list] = None       # the collectives it recorded, as of its latest note
     collectives_at: Optional[float] = None   # time.monotonic() of that note
 
@@ -73,7 +73,7 @@ def preload_for_fork() -> None:
     In a notebook, so is tqdm's notebook bar, which each rank turns into a text bar.
 
     torch._dynamo imports torch.distributed.nn, so a rank now has it before init_process_group,
-    which changes how a DDP model frees its process group (issue 21): rank_process's
+    which changes how a DDP model frees its process group (issue 21): rank.main's
     `keep_process_groups` makes that safe in every rank, whatever was imported when.
     """
     modules = ["torch._dynamo"] + (["tqdm.auto", "tqdm.notebook"] if "ipykernel.zmqshell" in sys.modules else [])

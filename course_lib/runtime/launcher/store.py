@@ -25,7 +25,7 @@ class Rendezvous:
         self.port = listener.getsockname()[1]
         # The launcher plays torchrun's agent: it hosts the store and every rank joins as a client
         # (TORCHELASTIC_USE_AGENT_STORE below), so even `init_process_group("gloo")` in user code works;
-        # user code that picks another address gets its own store (see user_rendezvous).
+        # user code that picks another address gets its own store (see rank.own_rendezvous).
         # The store takes the socket over (and closes it when freed); the libuv store can since
         # torch 2.8, the course's lower bound.
         self.store = TCPStore(MASTER_ADDR, self.port, world_size, is_master=True,

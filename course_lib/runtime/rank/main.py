@@ -1,7 +1,7 @@
 """The rank side of a launch: set up one rank's process, run its job, report back, exit.
 
 The same steps run in a forked child and in a spawned interpreter (`python -c` calling
-`spawned_main()`, see rank_start.SPAWNED_MAIN).
+`spawned_main()`, see launcher.starter.SPAWNED_MAIN).
 
 How a rank ends: its result is sent before the function's local variables are freed; then they
 are freed (their destructors run, as after any return) and the process ends with os._exit, without
