@@ -215,23 +215,29 @@ def test_an_interrupt_stops_the_ranks_and_says_where_they_parted(tmp_path):
     import signal
     import threading
 
-    started = tmp_path / "started"
-    work = _define("different_collective")["work"]
+    import torch
+    import torch.distributed as dist
 
-    def marked():
-        started.touch()  # the ranks are up: the interrupt comes while they hang
-        work()
+    folder = str(tmp_path)
+
+    def work():  # the ranks part at their 2nd collective; each marks that it is about to
+        dist.all_reduce(torch.ones(4))
+        open(os.path.join(folder, f"rank{dist.get_rank()}"), "w").close()
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.zeros(10), src=0)
 
     def interrupt_once_started():
         deadline = time.monotonic() + 30
-        while not started.exists() and time.monotonic() < deadline:
+        while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.0)
+        time.sleep(1.0)  # both ranks are in their 2nd collective by now
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt_once_started, daemon=True).start()
     with pytest.raises(KeyboardInterrupt) as caught:
-        launch(marked, nprocs=2, output="none")  # no timeout
+        launch(work, nprocs=2, output="none")  # no timeout
     error = caught.value
     assert isinstance(error, DistributedRunError)
     assert str(error).startswith("interrupted: the 2 ranks were stopped")
