@@ -154,11 +154,17 @@ class WrongAnswer:
     description: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    slow: bool = False  # it hangs until the grader's timeout: its test belongs to the slow tier
 
 
 def wrong_answer(description: str, *args, **kwargs) -> WrongAnswer:
     """Declare a wrong answer for WRONG_ANSWERS: `description` says what mistake it makes."""
     return WrongAnswer(description, args, kwargs)
+
+
+def hanging_wrong_answer(description: str, *args, **kwargs) -> WrongAnswer:
+    """A wrong answer that hangs until the grader's timeout (seconds): tested in the slow tier."""
+    return WrongAnswer(description, args, kwargs, slow=True)
 
 
 def _is_tensor(value) -> bool:

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, DistributedSampler
 
-from . import expect, grader, wrong_answer
+from . import expect, grader, hanging_wrong_answer, wrong_answer
 from .oracle import close, large_batch_sgd
 from ..runtime.launcher.launch import DistributedRunError, launch
 from ..topics import debugging
@@ -652,8 +652,8 @@ def _freezes_the_first_layer(model):
 
 WRONG_ANSWERS = {
     check_end_of_epoch: [
-        wrong_answer("the broken run: the collectives in another order on rank 0",
-                     debugging.end_of_epoch_broken),
+        hanging_wrong_answer("the broken run: the collectives in another order on rank 0",
+                             debugging.end_of_epoch_broken),
         wrong_answer("all_reduce of loss and learning rate together", _sums_the_learning_rate),
         wrong_answer("no broadcast: each rank keeps its own learning rate",
                      _keeps_its_own_learning_rate),

@@ -83,6 +83,7 @@ def _assert_holds(text: str, name: str) -> None:
         assert phrase in text, f"{name}: {phrase!r} not in:\n{text}"
 
 
+@pytest.mark.slow  # seven launches that each wait out their timeout; the fast tier keeps one, below
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_each_hang_is_diagnosed_within_its_timeout_and_5_s(name):
