@@ -650,6 +650,8 @@ def _freezes_the_first_layer(model):
     return DDP(model, find_unused_parameters=True)
 
 
+SLOW_CHECKS = {check_make_loader}  # it times several loaders in turns: its tests run in the slow tier
+
 WRONG_ANSWERS = {
     check_end_of_epoch: [
         hanging_wrong_answer("the broken run: the collectives in another order on rank 0",

@@ -53,7 +53,8 @@ LESSON_MODULES = lesson_grader_modules()
 WRONG_ANSWER_CASES = [
     pytest.param(check, wrong, id=f"{module.__name__.rsplit('.', 1)[-1]}.{check.__name__}:"
                                   f"{wrong.description}",
-                 marks=[pytest.mark.slow] if getattr(module, "SLOW", False) or wrong.slow else [])
+                 marks=[pytest.mark.slow] if getattr(module, "SLOW", False) or wrong.slow
+                 or check in getattr(module, "SLOW_CHECKS", ()) else [])
     for module in LESSON_MODULES
     for check, wrongs in getattr(module, "WRONG_ANSWERS", {}).items()
     for wrong in wrongs

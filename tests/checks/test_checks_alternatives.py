@@ -1096,7 +1096,9 @@ ALTERNATIVES = {
     ],
     lesson14.check_capstone: [answer(name, path) for name, path in ALTERNATIVE_CONVERSIONS.items()],
 }
-SLOW_GRADERS = {lesson14.check_capstone}  # runs the learner's script under torchrun: the slow tier
+# the slow tier: the capstone runs the learner's script under torchrun; the loader grader times
+# several loaders in turns
+SLOW_GRADERS = {lesson14.check_capstone, lesson13.check_make_loader}
 
 ALTERNATIVE_CASES = [
     pytest.param(check, *case.values, id=f"{check.__module__.rsplit('.', 1)[-1]}.{check.__name__}:"

@@ -46,6 +46,7 @@ def warm_kernel():
     launch(lambda: 0, nprocs=2, timeout=120, output="none")
 
 
+@pytest.mark.slow  # it waits out a timeout
 def test_a_rank_stuck_after_its_function_returned_is_named_within_timeout_plus_5_s():
     start = time.monotonic()
     with pytest.raises(DistributedRunError) as info:
@@ -63,6 +64,7 @@ def test_a_rank_stuck_after_its_function_returned_is_named_within_timeout_plus_5
     assert all(process_is_gone(int(error.outputs[rank][0])) for rank in (0, 1))
 
 
+@pytest.mark.slow  # it waits out the exit grace
 def test_with_no_timeout_a_rank_stuck_after_return_is_stopped_after_the_grace(monkeypatch):
     monkeypatch.setattr(supervisor, "EXIT_GRACE_S", 4.0)
     start = time.monotonic()

@@ -40,6 +40,7 @@ def _mismatched_after_a_dump(folder):
         dist.broadcast(torch.ones(2), src=0)
 
 
+@pytest.mark.slow  # a hang, then torchfrtrace in a new process
 def test_the_dumps_read_like_nccls_and_torchfrtrace_names_the_mismatch():
     with tempfile.TemporaryDirectory() as folder:
         with pytest.raises(DistributedRunError):
