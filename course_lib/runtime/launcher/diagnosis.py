@@ -75,8 +75,7 @@ def _one_ended_early(ranks):
     ended = [s for s in ranks.values() if s.state != "running" and not s.gave_up]
     if not waiting or not ended:
         return None
-    group, (first_rank, record) = min(((g, w) for g, ws in waiting.items() for w in ws.items()),
-                                      key=lambda item: item[1][1]["seq"])
+    group, record = _earliest_wait(waiting)
     others = [s for s in ended if _count(s, group) < record["seq"]]
     if not others:
         return None
@@ -101,10 +100,10 @@ def _crashed_in_a_collective(ranks):
         if state in crashed or not state.records:
             continue
         last = state.records[-1]
-        parts.append(f"rank {state.rank}'s last collective was #{last['seq']} ({_call(last)})"
-                     + (f" and it {state.state}" if state.state in ("returned", "failed") else ""))
+        ended = {"returned": " and it finished", "failed": " and it failed"}.get(state.state, "")
+        parts.append(f"rank {state.rank}'s last collective was #{last['seq']} ({_call(last)}){ended}")
         agreed = agreed or (last["group"], last["seq"] - 1)
-    return "; ".join(parts).replace("it returned", "it finished"), agreed
+    return "; ".join(parts), agreed
 
 
 def _one_busy(ranks):
@@ -114,8 +113,7 @@ def _one_busy(ranks):
             and not _in_point_to_point(s)]
     if not waiting or not busy:
         return None
-    group, (rank, record) = min(((g, w) for g, ws in waiting.items() for w in ws.items()),
-                                key=lambda item: item[1][1]["seq"])
+    group, record = _earliest_wait(waiting)
     parts = []
     for state in sorted(busy, key=lambda s: s.rank):
         where = f" in {state.waiting_in}" if state.waiting_in else ""
@@ -153,7 +151,7 @@ def _all_in_one(ranks):
     """Every rank waits in the same collective, and they agree on it: the wait is not a mismatch."""
     waiting = _waiting(ranks)
     for group, records in waiting.items():
-        if len(records) == len(ranks) and len({_signature(r) | {r["seq"]} for r in records.values()}) == 1:
+        if len(records) == len(ranks) and len({(_signature(r), r["seq"]) for r in records.values()}) == 1:
             record = next(iter(records.values()))
             return (f"every rank waits in collective #{record['seq']}{_in_group(group)} ({_call(record)}) "
                     f"and they agree on it: it has not finished (a slow network, or a rank outside "
@@ -171,9 +169,15 @@ def _by_seq(records, group) -> Dict[int, dict]:
     return {record["seq"]: record for record in records if record["group"] == group}
 
 
-def _signature(record) -> frozenset:
-    return frozenset({("op", record["op"]), ("shapes", repr(record["shapes"])),
-                      ("dtypes", repr(record["dtypes"]))})
+def _signature(record) -> tuple:
+    """What every rank must agree on at one call number."""
+    return record["op"], repr(record["shapes"]), repr(record["dtypes"])
+
+
+def _earliest_wait(waiting) -> tuple:
+    """(group, record) of the lowest call number any rank waits in."""
+    return min(((group, record) for group, records in waiting.items() for record in records.values()),
+               key=lambda item: item[1]["seq"])
 
 
 def _waiter_phrase(state, record) -> str:

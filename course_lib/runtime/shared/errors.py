@@ -57,7 +57,12 @@ class RankFailure:
     def lost_a_peer(self) -> bool:
         """Whether this failure is gloo losing its connection to a rank that ended first: a
         consequence of another rank's failure, not a bug of its own."""
-        return any(words in self.summary for words in PEER_GONE)
+        return bool(self.gloo_said)
+
+    @property
+    def gloo_said(self) -> str:
+        """gloo's words for a lost peer in this failure ("Connection reset by peer"), or ""."""
+        return next((words for words in PEER_GONE if words in self.summary), "")
 
 
 @dataclass(eq=False)  # exceptions must stay hashable
@@ -156,13 +161,13 @@ def _peer_ended(failure: RankFailure) -> str:
     """The only failure is a lost connection: a peer ended (returned or was stopped) first."""
     return (f"rank {failure.rank} {PHASES.get(failure.phase, '')}: lost its connection to a rank that "
             f"had ended, while it still waited in a collective that rank never joined (gloo said "
-            f"\"{next(words for words in PEER_GONE if words in failure.summary)}\"; the diagnosis "
+            f"\"{failure.gloo_said}\"; the diagnosis "
             f"above says which)").replace("  ", " ")
 
 
 def _consequence(failure: RankFailure, root: RankFailure) -> str:
     """A peer-lost failure, named as what followed the root cause (gloo's own words kept short)."""
-    said = next(words for words in PEER_GONE if words in failure.summary)
+    said = failure.gloo_said
     return (f"rank {failure.rank} {PHASES.get(failure.phase, '')}: lost its connection to rank "
             f"{root.rank}, which had failed (a consequence of rank {root.rank}'s failure, not a "
             f"second bug; gloo said \"{said}\")").replace("  ", " ")
