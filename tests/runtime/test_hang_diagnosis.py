@@ -30,7 +30,9 @@ PROGRAMS = {
             dist.all_reduce(torch.ones(4))
             dist.all_reduce(torch.ones(4 if dist.get_rank() == 0 else 10))
         """, ["during collective #2", "in all_reduce", "size doesn't match",
-              "waited in its 2nd (all_reduce float32["]),
+              "waited in its 2nd (all_reduce float32[",
+              # both ranks' tensors, whichever rank gloo aborted: the aborted one's too
+              "killed by SIGABRT in all_reduce float32[", "float32[10]"]),
     "barrier_on_one_rank": ("""
         def work():
             dist.all_reduce(torch.ones(4))
@@ -260,6 +262,26 @@ def test_a_rank_gloo_killed_while_its_peer_went_on_is_named_with_what_both_calle
         "rank 1 killed by SIGABRT in all_gather at eval.py, line 6 (gloo: op.preamble.length <= "
         "op.nbytes. 20 vs 12. Received data size doesn't match expected size.); rank 0's last "
         "collective was #1 (all_gather float32[5] at train.py, line 1) and it finished")
+
+
+def test_the_rank_gloo_killed_is_named_with_the_tensor_it_entered_the_collective_with():
+    dump = ["  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 8 vs 4.",
+            'File "/site-packages/torch/distributed/distributed_c10d.py", line 3245 in all_reduce',
+            'File "/home/me/train.py", line 7 in step']
+    states = {0: RankState(0, "failed", gave_up="gloo lost the connection",
+                           records=[_record(1, "all_reduce", (5,))], summary="RuntimeError: Connection reset"),
+              1: RankState(1, "exited", records=None, summary="killed by SIGABRT", last_output=dump,
+                           last_call="all_reduce float32[4]")}
+    assert diagnose(states).startswith("rank 1 killed by SIGABRT in all_reduce float32[4] at train.py, line 7")
+    states[1].last_call = "broadcast float32[4]"  # an earlier call's record: not the one it died in
+    assert diagnose(states).startswith("rank 1 killed by SIGABRT in all_reduce at train.py, line 7")
+
+
+@pytest.mark.timeout(60)
+def test_a_size_mismatch_names_both_ranks_tensors():
+    with pytest.raises(DistributedRunError) as caught:
+        launch(_define("different_shapes")["work"], nprocs=2, timeout=30, output="none")
+    _assert_holds(caught.value.diagnosis, "different_shapes")
 
 
 @pytest.mark.timeout(90)

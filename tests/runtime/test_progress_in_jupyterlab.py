@@ -56,6 +56,9 @@ def fail():
         raise ValueError("rank 1 got a bad batch")
 
 launch(fail, nprocs=2, timeout=60)"""
+GRADED = """\
+from course_lib.checks.lesson00 import check_whoami
+check_whoami(lambda: (0, 1))  # a wrong answer: every rank says it is rank 0 of 1"""
 
 
 def _chromium():
@@ -165,7 +168,7 @@ def test_a_learner_sees_live_progress_rank_labels_and_errors_in_jupyterlab(jupyt
     from playwright.sync_api import sync_playwright
 
     chromium, base, token, folder = jupyterlab
-    name = _write_notebook(folder, SETUP, LAUNCH, DISTRIBUTED, FAILING)
+    name = _write_notebook(folder, SETUP, LAUNCH, DISTRIBUTED, FAILING, GRADED)
     screenshot = folder / "jupyterlab.png"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
@@ -199,6 +202,13 @@ def test_a_learner_sees_live_progress_rank_labels_and_errors_in_jupyterlab(jupyt
             assert "Cell In[4], line 4" in final, final  # the line that raised, on the rank
             assert final.index("Cell In[4], line 6") < final.index("DistributedRunError:"), final
             assert "course_lib" not in final.split("DistributedRunError:")[0], final  # no launcher frames
+
+            snapshots, cell = _run_and_watch(page, 4, "hint:", seconds=60)
+            page.wait_for_timeout(500)
+            final = cell.locator(".jp-OutputArea").inner_text()
+            assert final.startswith("✗ who am I: launch(whoami, nprocs=2) is not right yet."), final
+            assert "expected: [(0, 2), (1, 2)]" in final, final
+            assert "course_lib" not in final and "Traceback" not in final, final  # the verdict alone
         finally:
             page.screenshot(path=str(screenshot), full_page=True)
             print(f"screenshot: {screenshot}")

@@ -34,6 +34,7 @@ class RankState:
     waiting_in: str = ""           # running: its main thread's innermost frame, "all_reduce (distributed_c10d.py:3245)"
     summary: str = ""              # failed or exited: "ValueError: ..." or "killed by SIGABRT"
     last_output: List[str] = field(default_factory=list)
+    last_call: str = ""            # the collective it last entered from Python, "all_reduce float32[4]"
 
 
 def diagnose(ranks: Dict[int, RankState]) -> str:
@@ -94,7 +95,7 @@ def _crashed_in_a_collective(ranks):
     parts, agreed = [], None
     for state in sorted(crashed, key=lambda s: s.rank):
         crash = _crash_message(state.last_output)
-        parts.append(f"rank {state.rank} {state.summary} in {_call_in_crash_dump(state.last_output)}"
+        parts.append(f"rank {state.rank} {state.summary} in {_crashed_call(state)}"
                      + (f" (gloo: {crash})" if crash else ""))
     for state in sorted(ranks.values(), key=lambda s: s.rank):
         if state in crashed or not state.records:
@@ -232,7 +233,7 @@ def _ended_phrase(state, group, awaited) -> str:
     crash = _crash_message(state.last_output)
     killed = f"rank {state.rank} {state.summary or 'exited'}"
     if state.records is None:  # died without a word: its stack dump and torch's message say where and why
-        call = _call_in_crash_dump(state.last_output)
+        call = _crashed_call(state)
         line = killed + (f" in {call}" if call else "") + (f" during collective #{awaited['seq']}" if crash else "")
         return line + (f" (gloo: {crash})" if crash else "")
     return f"{killed} {after}" + (f" ({crash})" if crash else "")
@@ -251,6 +252,17 @@ def _call_in_crash_dump(lines: List[str]) -> str:
             where = f" at {place(caller['file'], caller['line'])}" if caller else ""
             return f"{frame['function']}{where}"
     return ""
+
+
+def _crashed_call(state) -> str:
+    """The collective a rank died in, from its stack dump, with its tensors when the rank wrote
+    them before entering it: 'all_reduce float32[4] at h.py, line 31'."""
+    call = _call_in_crash_dump(state.last_output)
+    op, _, where = call.partition(" at ")
+    entered = state.last_call.split(" ", 1)
+    if op and entered[0] == op and len(entered) == 2:
+        return f"{op} {entered[1]}" + (f" at {where}" if where else "")
+    return call
 
 
 def _crash_message(lines: List[str]) -> str:

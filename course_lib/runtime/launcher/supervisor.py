@@ -6,7 +6,9 @@ import contextlib
 import os
 import pickle
 import selectors
+import shutil
 import signal
+import tempfile
 import time
 from typing import List, Optional
 
@@ -16,6 +18,7 @@ from ..shared.output import OutputRelay
 from ..shared.process_group import signal_group
 from ..shared.protocol import COLLECTIVES, ERROR, EXITING, OK, RENDEZVOUS, RankSpec, error_record
 from .diagnosis import RankState, diagnose
+from ..rank import last_call
 from ..rank.collective_log import ASK
 from .starter import STREAMS, RankHandle, close_all, fork_rank, preload_for_fork, spawn_rank
 from ..shared.tracebacks import innermost_frame, native_threads, notebook_friendly, trim_stack_dump
@@ -40,8 +43,11 @@ class RankSupervisor:
         self.selector = selectors.DefaultSelector()
         if start_method == "fork":
             preload_for_fork()
+        self.calls_folder = tempfile.mkdtemp(prefix="course-ranks-") if self.record_collectives else None
         try:
             for spec in specs:
+                if self.calls_folder:
+                    spec.last_call_path = last_call.make(os.path.join(self.calls_folder, f"rank{spec.rank}"))
                 handle = (fork_rank(spec, self.handles) if start_method == "fork"
                           else spawn_rank(spec, job_bytes))
                 self.handles.append(handle)
@@ -251,7 +257,7 @@ class RankSupervisor:
                 state, summary = ("exited" if failure.phase == "exit" else "failed"), failure.summary
             states[handle.rank] = RankState(handle.rank, state, failure.gave_up_waiting if failure else "",
                                             handle.collectives, waiting_in, summary,
-                                            outputs.get(handle.rank, [])[-200:])
+                                            outputs.get(handle.rank, [])[-200:], self._last_call(handle.rank))
         return states
 
     # -- stopping ------------------------------------------------------------------------------
@@ -292,7 +298,12 @@ class RankSupervisor:
             if len(self.selector.get_map()) == keys and sum(len(h.messages) for h in self.handles) == before:
                 break
 
+    def _last_call(self, rank: int) -> str:
+        return last_call.read(os.path.join(self.calls_folder, f"rank{rank}")) if self.calls_folder else ""
+
     def _close(self) -> None:
+        if self.calls_folder:
+            shutil.rmtree(self.calls_folder, ignore_errors=True)
         for key in list(self.selector.get_map().values()):
             self.selector.unregister(key.fd)
         self.selector.close()

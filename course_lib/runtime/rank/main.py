@@ -17,6 +17,7 @@ import time
 from ..shared import channel
 from ..shared.protocol import ERROR, EXITING, OK, RENDEZVOUS, RankPipes, RankSpec, unpicklable_result
 from .collective_log import answer_requests, send_records
+from .last_call import watch as watch_collectives
 from .detach import detach_from_kernel
 from ..shared.tracebacks import describe_current_exception
 from .own_rendezvous import follow_user_rendezvous
@@ -88,6 +89,8 @@ def _run_phases(spec: RankSpec, pipes: RankPipes) -> int:
         else:  # the user's code sets up its own process group, wherever it chooses
             follow_user_rendezvous(lambda where: channel.send(pipes.messages, (RENDEZVOUS, where)))
         phase = "running"
+        if spec.last_call_path:
+            watch_collectives(spec.last_call_path)
         job(spec, pipes)
         if spec.init_process_group:
             _note_exit_step(pipes.messages, {"step": "destroy_process_group"})

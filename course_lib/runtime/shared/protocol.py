@@ -35,6 +35,7 @@ class RankSpec:
     job: Any = None                # a callable job(spec, pipes); None: sent later on the control pipe
     pg_timeout_s: Optional[float] = None
     record_collectives: bool = True  # send the collectives torch records (the hang diagnosis)
+    last_call_path: str = ""         # where the rank writes the collective it is in (rank.last_call)
 
 
 @dataclass

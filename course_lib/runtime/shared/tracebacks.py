@@ -13,6 +13,7 @@ INTERNAL_FILES = {os.path.join(_RUNTIME, *name.split("/")) for name in (
     "rank/main.py", "rank/session_loop.py", "launcher/starter.py", "launcher/supervisor.py", "launcher/launch.py")}
 
 
+WATCH_FILE = os.path.join(_RUNTIME, "rank", "last_call.py")
 _RANK_MAIN_FILES = {os.path.join(_RUNTIME, "rank", name) for name in ("main.py", "session_loop.py")}
 
 
@@ -24,7 +25,11 @@ def describe_current_exception(phase: str) -> dict:
     kind, value, tb = sys.exc_info()
     while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in INTERNAL_FILES:
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(kind, value, tb))
+    described = traceback.TracebackException(kind, value, tb)
+    # the wrapper that notes each collective for the diagnosis (rank.last_call) is not the learner's
+    described.stack = traceback.StackSummary.from_list(
+        [frame for frame in described.stack if frame.filename != WATCH_FILE])
+    text = "".join(described.format())
     summary = "".join(traceback.format_exception_only(kind, value)).strip().splitlines()
     return error_record(phase, summary[-1] if summary else kind.__name__, notebook_friendly(text))
 
@@ -57,7 +62,7 @@ def trim_stack_dump(text: str) -> str:
             in_launcher = True
         if is_frame:
             first_frame = False
-        if not in_launcher:
+        if not in_launcher and f'"{WATCH_FILE}"' not in line:
             kept.append(line)
     return "\n".join(kept)
 
