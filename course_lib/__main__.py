@@ -9,6 +9,7 @@ COMMANDS = {
     "build-lessons": ("course_lib.authoring", "build_lessons_main", "write lessons/ from solutions/"),
     "check": ("course_lib.authoring", "check_main", "grade your lesson NN's exercises"),
     "run-solutions": ("course_lib.authoring", "run_solutions_main", "execute the solution notebooks"),
+    "pacing": ("course_lib.authoring.pacing", "pacing_main", "each lesson's minutes, from the pacing model"),
 }
 
 

@@ -7,6 +7,9 @@ A maintainer's loop, from the course folder:
     python -m course_lib run-solutions --only NN --write   # execute it, store outputs, no paths
     python -m course_lib build-lessons                     # write lessons/NN_topic.ipynb
     python -m pytest tests/authoring/test_notebooks.py     # solution passes, lesson fails, fresh
+
+An instructor's run on a GPU node reached through SLURM:
+    python -m course_lib run-solutions --slurm --partition P --gpus-per-node N   # the same, through SLURM
 """
 from .build import build_lessons_main
 from .check import check_main

@@ -1,4 +1,5 @@
-"""Building lessons/ from solutions/: exercises become stubs, solution-only cells go away.
+"""Building lessons/ from solutions/: exercises become stubs, solution-only cells go away, and
+no code cell keeps an output (an unsolved exercise shows no verdict).
 
 Deterministic: the same solution always gives the same bytes, so `--check` can spot a stale lesson.
 """
@@ -66,7 +67,9 @@ def build_lesson(solution, name: str = "notebook", root: Path = Path(".")):
         cell.metadata.pop("execution", None)  # timestamps would make every build differ
         if is_check_cell(cell):
             require_grader_lines(cell, where, name)
-        elif is_code(cell):
+        if is_code(cell):
+            # no verdict before the learner runs the check; `check` grades against the
+            # solution's own check cells (restore.py), never against what a lesson stores
             cell.outputs, cell.execution_count = [], None
     lesson.cells = kept
     return scrub_outputs(lesson, root)

@@ -1,30 +1,39 @@
-"""Grading a notebook with nbval: which cells pass, and which exercises a learner has solved.
+"""Grading a learner's notebook: the course's check cells put back, then the notebook under nbval.
 
-`python -m course_lib check 3` runs lessons/03_*.ipynb under nbval and reports each check cell.
+`python -m course_lib check 3` grades lessons/03_*.ipynb; `check 3 alice.ipynb class/` grades
+submissions, each in its own process and folder (gradebook.py writes the class's rows).
 """
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ElementTree
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
+from ..checks import FAILED_MARK
 from ..runtime.shared.process_group import signal_group
 from .cells import exercise_name, is_check_cell, is_code, is_exercise_cell
-from .layout import find_course_root, find_lesson
+from .layout import SOLUTIONS, find_course_root, find_lesson
+from .restore import restore_check_cells
 from .sanitize import write_sanitize_file
 
 # junit XML writes the escape character as the text "#x1B"
 ANSI_COLOR = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*m")
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*$", re.MULTILINE)
+VERDICT_LINE = re.compile(rf"^{FAILED_MARK} .*", re.MULTILINE | re.DOTALL)
 CELL_NAME = re.compile(r"Cell (\d+)$")
+AFTER_A_TIMEOUT = "Previous cell timed out"
 DEFAULT_TIMEOUT_S = 900
+DEFAULT_CELL_TIMEOUT_S = 300
+MAX_SIBLING_BYTES = 20 * 2**20  # files beside a submission copied with it (lesson 14's script)
 
 
 @dataclass
@@ -37,22 +46,41 @@ class CellResult:
     message: str = ""
 
 
+@dataclass
+class Grade:
+    """One submission's grade: each check cell's result, and what was put back before grading."""
+
+    notebook: Path
+    results: list = field(default_factory=list)   # [CellResult] of the restored notebook
+    notes: dict = field(default_factory=dict)     # {exercise: why its check cell was put back}
+    ignored: list = field(default_factory=list)   # check cells the course does not have
+    seconds: float = 0.0
+    problem: str = ""                             # the notebook could not be graded at all
+
+    @property
+    def checks(self) -> list:
+        return [result for result in self.results if is_check_cell(result.cell)]
+
+
 class GradingRunError(RuntimeError):
-    """nbval could not run the notebook at all (bad JSON, no kernel, pytest missing...)."""
+    """nbval could not run the notebook at all (bad JSON, no kernel, pytest missing, a timeout)."""
 
 
-def run_nbval(notebook: Path, timeout_s: float = DEFAULT_TIMEOUT_S, sanitize_file=None) -> list:
-    """Run `notebook` under nbval (lax, sanitized, this Python as kernel): one CellResult per
-    code cell, in order. `sanitize_file` defaults to the rules shipped in this package."""
+def run_nbval(notebook: Path, timeout_s: float = DEFAULT_TIMEOUT_S, sanitize_file=None,
+              cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S, env=None) -> list:
+    """Run `notebook` under nbval (lax, sanitized, this Python as kernel) in its own folder: one
+    CellResult per code cell, in order. A cell past `cell_timeout_s` is interrupted and fails;
+    the notebook past `timeout_s` raises GradingRunError."""
     notebook = Path(notebook).resolve()
     code_cells = [cell for cell in nbformat.read(notebook, as_version=4).cells if is_code(cell)]
     with tempfile.TemporaryDirectory(prefix="course-grade-") as scratch:
         report = Path(scratch) / "report.xml"
         command = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
                    "--nbval-sanitize-with", str(sanitize_file or write_sanitize_file(Path(scratch))),
+                   f"--nbval-cell-timeout={cell_timeout_s:g}",
                    "-p", "no:cacheprovider", "--noconftest", "--color=no", "-q",
                    "--rootdir", str(notebook.parent), f"--junitxml={report}", str(notebook)]
-        output = run_with_deadline(command, notebook.parent, timeout_s)
+        output = run_with_deadline(command, notebook.parent, timeout_s, env)
         if output is None:
             raise GradingRunError(f"{notebook.name} took over {timeout_s:g} s under nbval; "
                                   f"look for a cell that hangs")
@@ -65,10 +93,10 @@ def run_nbval(notebook: Path, timeout_s: float = DEFAULT_TIMEOUT_S, sanitize_fil
             for index, cell in enumerate(code_cells)]
 
 
-def run_with_deadline(command, folder: Path, timeout_s: float):
+def run_with_deadline(command, folder: Path, timeout_s: float, env=None):
     """Run `command` in `folder`; its output, or None if it ran out of time. On timeout the whole
     process group goes (pytest and the notebook's kernel), so no kernel outlives the grading."""
-    process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, env=env,
                                stderr=subprocess.STDOUT, text=True,
                                start_new_session=(os.name == "posix"))
     try:
@@ -86,59 +114,139 @@ def read_junit(report: Path) -> dict:
         cell = CELL_NAME.search(case.get("name", ""))
         if cell is None:
             continue
-        problem = case.find("failure")
-        problem = case.find("error") if problem is None else problem
-        passed = problem is None
+        problem = next((found for found in map(case.find, ("failure", "error", "skipped"))
+                        if found is not None), None)
+        passed = problem is None  # nbval marks the cells after a timed-out cell xfail: skipped
         outcomes[int(cell.group(1))] = (passed, "" if passed else failure_message(
             problem.text or problem.get("message") or ""))
     return outcomes
 
 
 def failure_message(text: str) -> str:
-    """The exception a cell raised (e.g. a GradingError's full message), or why outputs differ."""
+    """A grader's verdict (from its ✗ line), the exception a cell raised, or why outputs differ."""
     text = ANSI_COLOR.sub("", text)
+    if "Timeout of" in text and "exceeded executing cell" in text:
+        return text[text.index("Timeout of"):].splitlines()[0] + " (interrupted)"
+    if AFTER_A_TIMEOUT in text:  # nbval's xfail of every cell after one that timed out
+        return ("not graded: a cell before it ran past the cell timeout and was interrupted, "
+                "so what it defines is missing")
     traceback = text.split("Traceback:", 1)[-1]
+    verdict = VERDICT_LINE.search(traceback)
+    if verdict:
+        return verdict.group(0).split("\n\n\n", 1)[0].strip()
     exceptions = list(EXCEPTION_LINE.finditer(traceback))
     if exceptions:
         last = traceback[exceptions[-1].start():]
         # the message ends where pytest's report resumes (a blank line, then its own text)
         return last.split("\n\n", 1)[0].strip()
     if "Cell outputs differ" in text:
-        return ("its output differs from the expected one: the grader printed something else, "
-                "or the check cell was edited (restore it from the lesson)")
+        return ("its output differs from the expected one: the grader printed something else "
+                "than its verdict")
     return text.strip().splitlines()[-1] if text.strip() else "failed"
 
 
-def report(results, notebook: Path) -> bool:
+def course_solution(notebook: Path, root: Path) -> Path:
+    """The solution whose check cells grade `notebook` (same NN_topic name, in root/solutions)."""
+    path = root / SOLUTIONS / notebook.name
+    if not path.is_file():
+        raise LookupError(f"no {SOLUTIONS}/{notebook.name} in {root}: grading puts the course's "
+                          f"check cells back from it; run this from the course folder")
+    return path
+
+
+def grade(submission: Path, solution: Path, timeout_s: float = DEFAULT_TIMEOUT_S,
+          cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S, sanitize_file=None) -> Grade:
+    """Grade `submission` with the check cells of `solution`, in a folder of its own (the files
+    beside the submission copied in), with this process's environment but its own TMPDIR."""
+    started = time.monotonic()
+    result = Grade(Path(submission))
+    with tempfile.TemporaryDirectory(prefix="course-submission-") as folder:
+        folder = Path(folder)
+        try:
+            learner_notebook = nbformat.read(submission, as_version=4)
+        except Exception as error:  # not JSON, not a notebook: a grade of its own, not a crash
+            result.problem = f"{Path(submission).name} is not a readable notebook ({error})"[:300]
+            return result
+        restored = restore_check_cells(learner_notebook, nbformat.read(solution, as_version=4))
+        result.notes, result.ignored = restored.notes, restored.ignored
+        _copy_siblings(Path(submission), folder)
+        graded = folder / solution.name
+        nbformat.write(restored.notebook, graded)
+        (folder / "tmp").mkdir()
+        env = dict(os.environ, TMPDIR=str(folder / "tmp"))
+        try:
+            result.results = run_nbval(graded, timeout_s, sanitize_file, cell_timeout_s, env)
+        except GradingRunError as error:
+            result.problem = str(error)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _copy_siblings(submission: Path, folder: Path) -> None:
+    """The files beside a submission that a lesson reads (lesson 14's train_ddp.py): every file
+    that is not a notebook, while they add up to MAX_SIBLING_BYTES."""
+    budget = MAX_SIBLING_BYTES
+    for path in sorted(submission.resolve().parent.iterdir()):
+        if path.is_file() and path.suffix != ".ipynb" and path.stat().st_size <= budget:
+            shutil.copy2(path, folder / path.name)
+            budget -= path.stat().st_size
+
+
+def report(result: Grade) -> bool:
     """Print PASS/FAIL per exercise (check cell) and any other failing cell; True if all pass."""
-    checks = [result for result in results if is_check_cell(result.cell)]
-    print(f"Grading {notebook.name}")
-    for result in results:
-        if is_check_cell(result.cell):
-            name = exercise_name(result.cell)
-            print(f"  {'PASS' if result.passed else 'FAIL'}  {name}")
-        elif not result.passed:
-            role = "exercise" if is_exercise_cell(result.cell) else "setup"
-            print(f"  note  {role} cell (code cell {result.index}) failed:")
-        if not result.passed:
-            print("\n".join("        " + line for line in result.message.splitlines()))
-    solved = sum(result.passed for result in checks)
-    print(f"{solved} of {len(checks)} exercises pass.")
-    return all(result.passed for result in results)
+    print(f"Grading {result.notebook.name}")
+    if result.problem:
+        print(f"  error  {result.problem}")
+        return False
+    for cell in result.results:
+        if is_check_cell(cell.cell):
+            name = exercise_name(cell.cell)
+            print(f"  {'PASS' if cell.passed else 'FAIL'}  {name}")
+            if name in result.notes:
+                print(f"        note: {result.notes[name]}")
+        elif not cell.passed:
+            role = "exercise" if is_exercise_cell(cell.cell) else "setup"
+            print(f"  note  {role} cell (code cell {cell.index}) failed:")
+        if not cell.passed:
+            print("\n".join("        " + line for line in cell.message.splitlines()))
+    for note in result.ignored:
+        print(f"  note  {note}")
+    solved = sum(cell.passed for cell in result.checks)
+    print(f"{solved} of {len(result.checks)} exercises pass.")
+    return all(cell.passed for cell in result.results)
 
 
 def check_main(argv) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib check",
-                                     description="Grade your lesson's exercises with nbval.")
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib check",
+        description="Grade a lesson's exercises: your own lessons/NN, or learners' submissions. "
+                    "The course's check cells are put back before grading.")
     parser.add_argument("lesson", help="the lesson: its number (3 or 03) or its path")
+    parser.add_argument("submissions", nargs="*", type=Path, metavar="SUBMISSION",
+                        help="learners' notebooks, or folders of them (one row per learner and "
+                             "exercise); none: grade the lesson itself")
+    parser.add_argument("--csv", type=Path, metavar="FILE", help="write the rows as CSV")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                        help=f"seconds the whole notebook may take (default {DEFAULT_TIMEOUT_S})")
+                        help=f"seconds one notebook may take (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT_S, metavar="S",
+                        help=f"seconds one cell may take before it is interrupted and fails "
+                             f"(default {DEFAULT_CELL_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
+    from .gradebook import grade_class
+
     try:
-        notebook = find_lesson(args.lesson, find_course_root())
-        print(f"Running {notebook} (save it first: this grades the file on disk) ...", flush=True)
-        results = run_nbval(notebook, args.timeout)
-    except (LookupError, GradingRunError) as error:
+        root = find_course_root()
+        lesson = find_lesson(args.lesson, root)
+        solution = course_solution(lesson, root)
+        if args.submissions:
+            return grade_class(solution, args.submissions, args)
+        print(f"Grading {lesson} (save it first: this grades the file on disk) ...", flush=True)
+        result = grade(lesson, solution, args.timeout, args.cell_timeout)
+    except LookupError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return 0 if report(results, notebook) else 1
+    if result.problem and not result.results:
+        print(f"error: {result.problem}", file=sys.stderr)
+        return 2
+    return 0 if report(result) else 1

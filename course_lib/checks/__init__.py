@@ -10,6 +10,10 @@ Conventions for lesson authors (tests/checks/test_checks.py enforces them):
   ``GradingError``); it prints nothing and returns nothing. On success the decorator prints the
   one fixed line ``✓ <exercise title>: passed``; a stub's ``NotImplementedError`` becomes a
   ``GradingError`` that tells the learner to fill in the exercise.
+- A failure is a verdict: what, expected, got, and a hint that points at the mistake the answer
+  shows (which rank, which step, which value), never at the code of the fix. In a notebook it shows
+  as the verdict alone, no grader frame (``GradingError._render_traceback_``); ``details`` carries
+  what the learner needs below it, e.g. a rank's own traceback (``ranks.run_on_ranks`` fills it).
 - Nothing else may reach a check cell's output: a grader that launches ranks passes
   ``output="none"``, and build-lessons refuses a check cell that stored any other line.
 - A grader checks what the exercise's text asks, by behaviour, never by how it was spelled: any
@@ -39,21 +43,36 @@ import functools
 import numbers
 from dataclasses import dataclass, field
 
-__all__ = ["GradingError", "grader", "passed", "passed_line", "expect", "expect_equal",
+__all__ = ["GradingError", "FAILED_MARK", "grader", "passed", "passed_line", "expect", "expect_equal",
            "expect_close", "wrong_answer", "WrongAnswer", "describe"]
 
+FAILED_MARK = "\u2717"  # ✗, the failed twin of the passed line's ✓
 STUB_HINT = "replace the `raise NotImplementedError(...)` line in the exercise cell with your code"
 
 
 class GradingError(AssertionError):
-    """An exercise's answer is not right yet: says what was expected, what came back, and a hint."""
+    """An exercise's answer is not right yet: says what was expected, what came back, and a hint.
 
-    def __init__(self, what: str, expected: str, got: str, hint: str = ""):
+    `details` is what the learner needs below the verdict, e.g. a rank's own traceback. In a
+    notebook the error shows as this verdict alone: the grader's frames say nothing to a learner.
+    """
+
+    def __init__(self, what: str, expected: str, got: str, hint: str = "", details: str = ""):
         self.what, self.expected, self.got, self.hint = what, expected, got, hint
+        self.details = details.rstrip()
         lines = [f"{what} is not right yet.", f"  expected: {expected}", f"  got:      {got}"]
         if hint:
             lines.append(f"  hint:     {hint}")
+        if self.details:
+            lines += [""] + self.details.splitlines()
         super().__init__("\n".join(lines))
+
+    def _render_traceback_(self):
+        """IPython's rendering of this error (JupyterLab, nbclient, nbval): the verdict, no frames."""
+        first, *rest = str(self).splitlines()
+        exercise = getattr(self, "exercise", self.what)
+        head = first if exercise == self.what else f"{exercise}: {first}"
+        return [f"{FAILED_MARK} {head}", *rest]
 
 
 def passed_line(exercise: str) -> str:
@@ -76,6 +95,9 @@ def grader(exercise: str):
             except NotImplementedError as error:
                 raise GradingError(exercise, "your code to run",
                                    f"NotImplementedError({error})", STUB_HINT) from None
+            except GradingError as error:
+                error.exercise = exercise  # the verdict's first line names the exercise
+                raise
             passed(exercise)
 
         run_check.exercise = exercise

@@ -22,22 +22,38 @@ def _launch_whoami(whoami, nprocs: int) -> list:
 @grader("who am I")
 def check_whoami(whoami):
     for nprocs in (2, 1):
-        expect_equal(_launch_whoami(whoami, nprocs), [(rank, nprocs) for rank in range(nprocs)],
-                     f"launch(whoami, nprocs={nprocs})",
-                     hint="return the tuple (dist.get_rank(), dist.get_world_size()): two ints, "
-                          "asked from the process group, not written down")
+        got = _launch_whoami(whoami, nprocs)
+        expect_equal(got, [(rank, nprocs) for rank in range(nprocs)],
+                     f"launch(whoami, nprocs={nprocs})", hint=_whoami_mistake(got, nprocs))
+
+
+def _whoami_mistake(got: list, nprocs: int) -> str:
+    """What the learner's (rank, world_size) pairs show, without the code that fixes them."""
+    pairs = [result for result in got if isinstance(result, tuple) and len(result) == 2]
+    if len(pairs) != len(got):
+        return "each rank should return a pair: (its rank, the world size)"
+    if any(isinstance(value, str) for pair in pairs for value in pair):
+        return "a rank returned text: the environment holds strings, the check wants whole numbers"
+    if nprocs > 1 and len(set(pairs)) == 1:
+        return (f"every rank returned {pairs[0]}: the value is written into the function, so no "
+                f"rank can tell which one it is")
+    if [pair[1] for pair in pairs] == list(range(nprocs)):
+        return "the rank came second: the pair is (rank, world_size), in that order"
+    if any(pair[1] != nprocs for pair in pairs):
+        return (f"launched with nprocs={nprocs}, a rank said the world has {pairs[0][1]} ranks: "
+                f"the world size depends on the launch, so ask for it at run time")
+    return "compare each rank's pair with what that rank should say about itself"
 
 
 @grader("where output goes")
 def check_where_output_goes(predicted_lines, predicted_results, predicted_total):
     expect_equal(list(predicted_lines), ["[rank0] rank 0 has total 1"], "predicted_lines",
-                 hint="output='rank0' shows rank 0's lines only, each labelled [rank0]")
+                 hint="reread what output='rank0' keeps, and how the launcher labels each line")
     expect_equal(list(predicted_results), [1, 2], "predicted_results",
-                 hint="launch returns what every rank returned, in rank order, whatever `output` "
-                      "shows; and each rank adds to its own copy of `total`")
+                 hint="what launch returns does not depend on what `output` shows; and think of "
+                      "where each rank's `total` lives")
     expect_equal(predicted_total, 0, "predicted_total",
-                 hint="each rank is a separate process with its own memory: what a rank changes "
-                      "never reaches the notebook's variables")
+                 hint="the ranks ran in other processes: what can they change in this notebook?")
 
 
 # Plausible mistakes, each run as a real rank by the tests.

@@ -1,34 +1,26 @@
 """Lesson 02 graders: DataParallel's scatter and gather, and gradients equal to one device's.
 
 - scatter a batch: each tensor cut along dim 0 with chunk's sizes (7 rows on 2 devices: 4 + 3),
-  chunk i on devices[i], tuples/lists/dicts scattered item by item, other objects to every replica.
+  chunk i on devices[i], tuples/lists/dicts scattered item by item, other objects to every replica;
+  written by the learner (the course's own scatter, imported at the top, does not count).
 - gather the outputs: the replicas' outputs concatenated along dim 0, replica 0 first, on
-  output_device (each output moved there, wherever it was), tuples gathered element by element.
-- gradients equal one device's: the model's gradients after one DataParallel forward and backward
-  by hand equal those of one device on the whole batch.
+  output_device (each output moved there, wherever it was), tuples gathered element by element;
+  written by the learner, not the course's gather.
+- gradients equal one device's: lesson02_gradients.py.
 
-Each grader compares the learner's function with course_lib.training.dp's reference on uneven
+The first two compare the learner's function with course_lib.training.dp's reference on uneven
 batches, nested inputs and a mix of devices: PyTorch's "meta" device (shapes and placement without
 data) next to the CPU, so a CPU-only machine can check that every chunk and output lands on the
 device it was sent to.
 """
 import torch
-import torch.nn.functional as F
 
-from . import describe, expect, expect_close, grader, wrong_answer
+from . import describe, expect, grader, wrong_answer
+from .learner_call import call_learner as _call
+from ..training import dp
 
 CPU = torch.device("cpu")
 META = torch.device("meta")  # a device with shapes but no data: placement checks without GPUs
-
-
-def _call(function, *args, what: str, hint: str = ""):
-    """The learner's function's result; a crash becomes a GradingError that quotes it."""
-    try:
-        return function(*args)
-    except NotImplementedError:
-        raise  # the @grader decorator turns the stub into advice
-    except Exception as error:
-        expect(False, what, "a result", f"{type(error).__name__}: {error}"[:300], hint)
 
 
 def _first_difference(actual, expected, where: str):
@@ -74,9 +66,9 @@ def _rows(count, width=3, offset=0):
 
 # Exercise 1: scatter ----------------------------------------------------------------------------
 
-SCATTER_HINT = ("cut each tensor along dim 0 with tensor.chunk(len(devices)), as nn.DataParallel "
-                "does, move chunk i to devices[i], and scatter tuples, lists and dicts item by "
-                "item")
+SCATTER_HINT = ("compare the chunk sizes and devices with the exercise's rules: DataParallel's "
+                "sizes (10 rows on 3 devices: 4 + 4 + 2), chunk i on devices[i], containers "
+                "scattered item by item, anything else to every replica")
 
 
 @grader("scatter a batch")
@@ -100,7 +92,8 @@ def check_scatter_batch(scatter_batch):
          {"x": _rows(3), "mask": _rows(3, width=2, offset=100)}, [CPU, META, CPU, META]),
     ]
     for call, inputs, devices in cases:
-        result = _call(scatter_batch, inputs, devices, what=call, hint=SCATTER_HINT)
+        result = _call(scatter_batch, inputs, devices, what=call, hint=SCATTER_HINT,
+                       written_by_you=dp.scatter)
         expect(isinstance(result, (list, tuple)), call, "a list with one entry per replica",
                describe(result), SCATTER_HINT)
         _expect_same(list(result), scatter(inputs, devices), call, SCATTER_HINT)
@@ -149,9 +142,11 @@ def _scatter_dicts_by_device_count(inputs, devices):
         chunks = {key: value.chunk(len(devices)) for key, value in inputs.items()}
         return [{key: (parts[i].to(device) if i < len(parts) else inputs[key][:0].to(device))
                  for key, parts in chunks.items()} for i, device in enumerate(devices)]
-    from ..training.dp import scatter
+    return _scatter_by(_split_with_chunk)(inputs, devices)
 
-    return scatter(inputs, devices)
+
+def _split_with_chunk(tensor, devices):
+    return [chunk.to(d) for chunk, d in zip(tensor.chunk(len(devices)), devices)]
 
 
 def _scatter_tensors_only(inputs, devices):
@@ -162,8 +157,9 @@ def _scatter_tensors_only(inputs, devices):
 
 # Exercise 2: gather -----------------------------------------------------------------------------
 
-GATHER_HINT = ("concatenate the replicas' outputs along dim 0 in replica order (replica 0 first) "
-               "with torch.cat, on output_device; gather tuples element by element")
+GATHER_HINT = ("compare the rows, their order and the device with the exercise's rules: the "
+               "replicas' rows one after another along dim 0, replica 0's first, all on "
+               "output_device; a tuple of outputs gives a tuple")
 
 
 @grader("gather the outputs")
@@ -185,7 +181,8 @@ def check_gather_outputs(gather_outputs):
          [tuple(t.to(META) for t in pairs[0]), pairs[1]], META),
     ]
     for call, outputs, output_device in cases:
-        result = _call(gather_outputs, outputs, output_device, what=call, hint=GATHER_HINT)
+        result = _call(gather_outputs, outputs, output_device, what=call, hint=GATHER_HINT,
+                       written_by_you=dp.gather)
         _expect_same(result, gather(outputs, output_device), call, GATHER_HINT)
 
 
@@ -218,99 +215,6 @@ def _join_with_stack(outputs, output_device):
     return torch.stack([o.to(output_device) for o in outputs])
 
 
-# Exercise 3: gradients equal one device's -------------------------------------------------------
-
-GRADIENT_HINT = ("scatter X, replicate the model, parallel_apply, gather the logits on devices[0], "
-                 "then ONE cross-entropy loss over the whole gathered batch and loss.backward(); "
-                 "autograd already sums every replica's gradient into model.parameters()")
-
-
-def _single_device_gradients(seed, X, y):
-    from ..training.models import make_model
-
-    model = make_model(seed=seed)
-    F.cross_entropy(model(X), y).backward()
-    return [p.grad.clone() for p in model.parameters()]
-
-
-@grader("gradients equal one device's")
-def check_data_parallel_gradients(data_parallel_gradients):
-    from ..training.data import make_dataset
-    from ..training.models import make_model
-
-    dataset = make_dataset(n_samples=13, seed=2)
-    X, y = dataset.tensors
-    for samples, device_count in [(13, 3), (7, 2), (8, 2)]:  # 5+5+3, 4+3, 4+4 samples
-        call = f"data_parallel_gradients(model, {samples} samples, {device_count} devices)"
-        expected = _single_device_gradients(seed=1, X=X[:samples], y=y[:samples])
-        model = make_model(seed=1)
-        gradients = _call(data_parallel_gradients, model, X[:samples], y[:samples],
-                          [CPU] * device_count, what=call)
-        shapes = [tuple(p.shape) for p in model.parameters()]
-        expect(isinstance(gradients, (list, tuple)) and len(gradients) == len(shapes)
-               and all(isinstance(g, torch.Tensor) for g in gradients), call,
-               f"a list of {len(shapes)} gradient tensors, one per parameter, shapes {shapes}",
-               describe(gradients), "return [p.grad for p in model.parameters()]; equal outputs "
-               "alone do not show equal gradients")
-        for index, (got, wanted) in enumerate(zip(gradients, expected)):
-            expect(tuple(got.shape) == tuple(wanted.shape), f"{call}: gradient {index}",
-                   f"shape {tuple(wanted.shape)}", f"shape {tuple(got.shape)}",
-                   "return the parameters' .grad, in model.parameters() order")
-            expect_close(got.detach(), wanted, f"{call}: gradient {index} (shape {shapes[index]})",
-                         GRADIENT_HINT, rtol=1e-4, atol=1e-6)
-
-
-def _dp_forward(model, X, devices):
-    from ..training.dp import gather, parallel_apply, replicate, scatter
-
-    chunks = scatter(X, devices)
-    used = devices[:len(chunks)]
-    replicas = replicate(model, used)
-    return replicas, chunks, parallel_apply(replicas, chunks, used)
-
-
-def _gradients_summed_twice(model, X, y, devices):
-    from ..training.dp import gather
-
-    model.zero_grad()
-    replicas, _, outputs = _dp_forward(model, X, devices)
-    F.cross_entropy(gather(outputs, devices[0]), y).backward()
-    # "All-reduce" the replicas' gradients by hand: but they are already summed into one .grad.
-    total = [torch.zeros_like(p) for p in model.parameters()]
-    for replica in replicas:
-        for t, p in zip(total, replica.parameters()):
-            t += p.grad
-    return total
-
-
-def _mean_of_replica_losses(model, X, y, devices):
-    from ..training.dp import scatter
-
-    model.zero_grad()
-    _, chunks, outputs = _dp_forward(model, X, devices)
-    labels = scatter(y, devices)
-    # One mean per replica, then their mean: with 5 + 5 + 3 samples the last 3 weigh too much.
-    loss = torch.stack([F.cross_entropy(o, t) for o, t in zip(outputs, labels)]).mean()
-    loss.backward()
-    return [p.grad for p in model.parameters()]
-
-
-def _outputs_instead_of_gradients(model, X, y, devices):
-    from ..training.dp import gather
-
-    _, _, outputs = _dp_forward(model, X, devices)
-    return [gather(outputs, devices[0]).detach(), model(X).detach()]  # equal outputs, no gradients
-
-
-def _first_replica_only(model, X, y, devices):
-    from ..training.dp import scatter
-
-    model.zero_grad()
-    _, _, outputs = _dp_forward(model, X, devices)
-    F.cross_entropy(outputs[0], scatter(y, devices)[0]).backward()
-    return [p.grad for p in model.parameters()]
-
-
 WRONG_ANSWERS = {
     check_scatter_batch: [
         wrong_answer("splits along dim 1 instead of the batch dim",
@@ -325,6 +229,8 @@ WRONG_ANSWERS = {
                      _scatter_by(_split_onto_the_first_device)),
         wrong_answer("makes one dict per device, even with fewer rows than devices",
                      _scatter_dicts_by_device_count),
+        wrong_answer("calls the course's scatter", lambda inputs, devices: dp.scatter(inputs,
+                                                                                   devices)),
     ],
     check_gather_outputs: [
         wrong_answer("concatenates in reverse replica order", _gather_by(_join_in_reverse)),
@@ -334,11 +240,9 @@ WRONG_ANSWERS = {
         wrong_answer("stacks instead of concatenating", _gather_by(_join_with_stack)),
         wrong_answer("concatenates first, then moves the result to output_device",
                      _gather_by(_join_then_move)),
-    ],
-    check_data_parallel_gradients: [
-        wrong_answer("sums the replicas' gradients a second time", _gradients_summed_twice),
-        wrong_answer("averages one mean loss per replica", _mean_of_replica_losses),
-        wrong_answer("returns the outputs, comparing only outputs", _outputs_instead_of_gradients),
-        wrong_answer("backpropagates replica 0's loss only", _first_replica_only),
+        wrong_answer("is the course's gather", dp.gather),
     ],
 }
+
+
+from .lesson02_gradients import check_data_parallel_gradients  # noqa: E402,F401 (exercise 3)

@@ -1,14 +1,19 @@
 """Grader for lesson 05, gradient accumulation and `no_sync`: an accumulation loop that matches
 the large batch with one all-reduce per step.
 
-- accumulation with no_sync: the weights after every optimizer step equal one process's on the
-  whole global batch, with one DDP all-reduce per step, and the returned losses (numbers or 0-dim
-  tensors), one per step, are this rank's: the loss of its own share of each global batch (the
-  mean over its micro-batches), not the global batch's loss averaged over the ranks.
+- accumulation with no_sync: one forward per micro-batch (never the group at once); DDP's
+  all-reduce on the last micro-batch of each step and on no other, so exactly one per optimizer
+  step; the weights after every optimizer step equal one process's on the whole global batch; the
+  returned losses (numbers or 0-dim tensors), one per step, are this rank's: the loss of its own
+  share of each global batch (the mean over its micro-batches), not the global batch's loss
+  averaged over the ranks. The loop is the learner's own: a call of the course's
+  accumulate_with_no_sync does not count.
 
 The loop's grader runs your function on 2 gloo ranks (on the CPU, so it grades the same on a
-laptop and a GPU node), counts DDP's all-reduces with a comm hook, and compares the weights after
-every optimizer step with one process that trains on the whole global batch.
+laptop and a GPU node), counts DDP's all-reduces with a comm hook and notes, at every forward of
+the model, how many have run so far (so it sees which micro-batch's backward all-reduced), and
+compares the weights after every optimizer step with one process that trains on the whole global
+batch.
 """
 from contextlib import nullcontext
 
@@ -20,6 +25,8 @@ from torch.nn.utils import parameters_to_vector
 from .oracle import close, large_batch_sgd
 from .ranks import run_on_ranks
 from . import expect, expect_close, grader, wrong_answer
+from .call_watch import calls_of
+from .learner_call import library_call_hint
 from ..topics.accumulation import accumulate_with_no_sync
 from ..training.data import make_dataset
 from ..training.models import make_model
@@ -93,13 +100,20 @@ def _loop_on_rank(train_with_accumulation, grad_accum_steps, steps):
         records.append((weights, len(all_reduces)))
 
     optimizer.register_step_post_hook(record)
+    forwards = []  # (samples, all-reduces so far) at every forward, through DDP or around it
+    ddp_model.module.register_forward_pre_hook(
+        lambda module, args: forwards.append((len(args[0]), len(all_reduces))))
     micro_batches = grading_micro_batches(grad_accum_steps, steps, rank)
-    losses = train_with_accumulation(ddp_model, optimizer, micro_batches, grad_accum_steps)
+    with calls_of(accumulate_with_no_sync) as library_calls:
+        losses = train_with_accumulation(ddp_model, optimizer, micro_batches, grad_accum_steps)
+    if library_calls:
+        return {"library_calls": library_calls}
     try:
         losses = [float(loss) for loss in losses]
     except TypeError:
         losses = repr(losses)[:80]  # the grader says so; a crash here would hide the reason
-    return {"losses": losses, "records": records, "total_all_reduces": len(all_reduces)}
+    return {"losses": losses, "records": records, "total_all_reduces": len(all_reduces),
+            "forwards": forwards}
 
 
 def _cases_on_rank(train_with_accumulation):
@@ -123,18 +137,58 @@ def check_train_with_accumulation(train_with_accumulation):
     per_rank = _run_on_ranks(_cases_on_rank, train_with_accumulation, what=what)
     for case, (grad_accum_steps, steps) in enumerate(LOOP_CASES):
         runs = [ranks_cases[case] for ranks_cases in per_rank]
+        expect("library_calls" not in runs[0], what, "your own accumulation loop",
+               "a call of course_lib.topics.accumulation.accumulate_with_no_sync",
+               library_call_hint("accumulate_with_no_sync", "the exercise"))
         setting = f"grad_accum_steps={grad_accum_steps}, {grad_accum_steps * steps} micro-batches"
+        _expect_one_forward_per_micro_batch(runs, grad_accum_steps * steps, setting)
         _expect_steps(runs, steps, setting)
+        _expect_all_reduces_on_last_micro_batches(runs, grad_accum_steps, setting)
         _expect_large_batch_weights(runs, references[case][1], grad_accum_steps, setting)
         _expect_one_all_reduce_per_step(runs, grad_accum_steps, setting)
         _expect_losses(runs, references[case][0], references[case][2], steps, setting)
 
 
+def _expect_one_forward_per_micro_batch(runs, micro_batches, setting):
+    samples = [count for count, _ in runs[0]["forwards"]]
+    expect(samples == [MICRO_BATCH_SIZE] * micro_batches, f"the model's forwards on rank 0 "
+           f"({setting})", f"{micro_batches} forwards of {MICRO_BATCH_SIZE} samples, one per "
+           "micro-batch", f"{len(samples)} forwards of {sorted(set(samples))} samples",
+           "a micro-batch is as large as one forward may be (what fits in memory): run each "
+           "micro-batch through the model on its own" if any(n > MICRO_BATCH_SIZE for n in samples)
+           else "run every micro-batch of the list through the model once")
+
+
+def _all_reduces_per_micro_batch(run) -> list:
+    """How many all-reduces each micro-batch's backward ran: the count at the next forward (or at
+    the end) minus the count at its own forward."""
+    counts = [count for _, count in run["forwards"]] + [run["total_all_reduces"]]
+    return [after - before for before, after in zip(counts, counts[1:])]
+
+
+def _expect_all_reduces_on_last_micro_batches(runs, grad_accum_steps, setting):
+    for rank, run in enumerate(runs):
+        per_micro_batch = _all_reduces_per_micro_batch(run)
+        for index, count in enumerate(per_micro_batch):
+            last = (index + 1) % grad_accum_steps == 0
+            if count == (1 if last else 0):
+                continue
+            position = f"micro-batch {index % grad_accum_steps + 1} of {grad_accum_steps} " \
+                       f"in optimizer step {index // grad_accum_steps}"
+            expect(False, f"DDP's all-reduces after {position} on rank {rank} ({setting})",
+                   "1 (the last micro-batch of the step)" if last else
+                   "0 (the gradients stay local until the last micro-batch)", str(count),
+                   f"the backward of {position} all-reduced the gradients: only the last "
+                   "micro-batch's may, the others accumulate locally" if count else
+                   f"the last micro-batch of optimizer step {index // grad_accum_steps} did not "
+                   "all-reduce: the ranks stepped with gradients never averaged")
+
+
 def _expect_steps(runs, steps, setting):
     taken = len(runs[0]["records"])
     expect(taken == steps, f"the optimizer steps taken ({setting})", str(steps), str(taken),
-           "call optimizer.step() once per grad_accum_steps micro-batches, after the last one "
-           "of each group (then optimizer.zero_grad())")
+           f"{taken} optimizer steps for {steps} groups of micro-batches: one step per group, "
+           "after its last micro-batch")
 
 
 def _expect_large_batch_weights(runs, reference_weights, grad_accum_steps, setting):
@@ -147,21 +201,19 @@ def _expect_large_batch_weights(runs, reference_weights, grad_accum_steps, setti
                 continue
             update, expected_update = got - before, expected - before
             if not close(runs[0]["records"][step][0], runs[1]["records"][step][0]):
-                hint = ("the ranks' weights differ: their gradients were never all-reduced. The "
-                        "last micro-batch of each step must run its forward and backward "
-                        "OUTSIDE no_sync")
+                hint = (f"the ranks' weights differ after optimizer step {step}: the gradients "
+                        "they stepped with were not averaged over the ranks")
             elif close(update, grad_accum_steps * expected_update):
-                hint = (f"the update is grad_accum_steps = {grad_accum_steps} times too large: "
-                        "backward() adds the gradients up, so divide each micro-batch's loss by "
-                        "grad_accum_steps")
+                hint = (f"step {step}'s update is {grad_accum_steps} times one process's: it "
+                        f"used the sum of its {grad_accum_steps} micro-batches' gradients, where "
+                        "the global batch's loss is their mean")
             elif close(update, expected_update / grad_accum_steps):
-                hint = ("the update is grad_accum_steps times too small: each step must use the "
-                        "gradients of all its micro-batches (zero them after the step, not "
-                        "before every micro-batch)")
+                hint = (f"step {step}'s update is 1/{grad_accum_steps} of one process's: it "
+                        "used one micro-batch's gradient, not its whole group's")
             else:
-                hint = ("step (and sync) after the LAST micro-batch of each group: with "
-                        "micro_step counting from 0, that is (micro_step + 1) % grad_accum_steps "
-                        "== 0; micro_step % grad_accum_steps == 0 steps after the first one")
+                hint = (f"step {step} did not use exactly its own group of {grad_accum_steps} "
+                        "micro-batches: compare which micro-batches' gradients were in .grad "
+                        "when the optimizer stepped")
             expect(False, f"rank {rank}'s weights after optimizer step {step} ({setting})",
                    "the weights of one process trained on the whole global batch",
                    f"weights off by up to {(got - expected).abs().max().item():.2e}", hint)
@@ -173,11 +225,9 @@ def _expect_one_all_reduce_per_step(runs, grad_accum_steps, setting):
     expect(all(count == 1 for count in per_step),
            f"DDP's all-reduces per optimizer step ({setting})",
            f"1 per step: {[1] * len(per_step)}", str(per_step),
-           "run the forward AND the backward of every micro-batch but the last inside "
-           "`with ddp_model.no_sync():` (DDP decides in forward whether the backward will "
-           "all-reduce); the last one, outside, all-reduces the accumulated gradients once"
+           "more than one micro-batch of a step all-reduced its gradients"
            if any(count > 1 for count in per_step) else
-           "the last micro-batch of each step must run outside no_sync, or nothing is synced")
+           "a step whose micro-batches never all-reduced stepped with local gradients")
 
 
 def _expect_losses(runs, reference_losses, rank_losses, steps, setting):
@@ -193,8 +243,8 @@ def _expect_losses(runs, reference_losses, rank_losses, steps, setting):
             hint = ("these are the global batch's losses, the mean over the ranks: return this "
                     "rank's own, without an all-reduce (averaging them is the caller's choice)")
         else:
-            hint = ("each step's loss on a rank is the mean over its micro-batches: add up "
-                    "loss.item() of the divided losses (loss / grad_accum_steps)")
+            hint = (f"rank {rank}'s loss for a step is the mean of its own micro-batches' losses "
+                    "in that step (compare your first value with theirs)")
         expect_close(run["losses"], rank_losses[rank],
                      f"the losses rank {rank} returned ({setting}), one per optimizer step",
                      hint, rtol=1e-4)
@@ -237,10 +287,44 @@ def _flawed(divide=True, sync_on="last", forward_outside_no_sync=False):
 
 def _returns_the_global_loss(ddp_model, optimizer, micro_batches, grad_accum_steps):
     """Right training, but each step's loss all-reduced: the global batch's, not this rank's."""
-    losses = accumulate_with_no_sync(ddp_model, optimizer, micro_batches, grad_accum_steps)
+    losses = _flawed()(ddp_model, optimizer, micro_batches, grad_accum_steps)
     global_losses = torch.tensor(losses)
     dist.all_reduce(global_losses)
     return (global_losses / dist.get_world_size()).tolist()
+
+
+def _one_forward_per_step(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    """The step's micro-batches concatenated into one forward: right weights, one all-reduce,
+    but the memory of the whole group at once, which is what accumulation avoids."""
+    losses = []
+    for start in range(0, len(micro_batches), grad_accum_steps):
+        group = micro_batches[start:start + grad_accum_steps]
+        X, y = torch.cat([X for X, _ in group]), torch.cat([y for _, y in group])
+        loss = F.cross_entropy(ddp_model(X), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _syncs_the_first_micro_batch_too(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    """Right weights and one all-reduce per step is not what this does: micro-batch 1 of every
+    step also syncs (the context entered for micro-batches 2 to k-1 only)."""
+    losses, step_loss = [], 0.0
+    for micro_step, (X, y) in enumerate(micro_batches):
+        position = micro_step % grad_accum_steps
+        context = ddp_model.no_sync() if 0 < position < grad_accum_steps - 1 else nullcontext()
+        with context:
+            loss = F.cross_entropy(ddp_model(X), y) / grad_accum_steps
+            loss.backward()
+        step_loss += loss.item()
+        if position == grad_accum_steps - 1:
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(step_loss)
+            step_loss = 0.0
+    return losses
 
 
 def _loop_stub(ddp_model, optimizer, micro_batches, grad_accum_steps):
@@ -259,6 +343,10 @@ WRONG_ANSWERS = {
         wrong_answer("no_sync on every micro-batch: never syncs", _flawed(sync_on="never")),
         wrong_answer("returns the loss all-reduced over the ranks, not this rank's",
                      _returns_the_global_loss),
+        wrong_answer("calls the course's accumulate_with_no_sync", accumulate_with_no_sync),
+        wrong_answer("one forward of the whole group per step", _one_forward_per_step),
+        wrong_answer("syncs on the first micro-batch of each step too",
+                     _syncs_the_first_micro_batch_too),
         wrong_answer("the stub", _loop_stub),
     ],
 }

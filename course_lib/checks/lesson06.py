@@ -7,7 +7,8 @@ gradient accumulation.
   gradients overflow is skipped and halves the scale.
 - AMP with gradient accumulation: one optimizer step over several micro-batches, each loss divided
   by their number; unscale_, clip, step and update once; the step after it starts from zero
-  gradients (the grader takes two steps in a row).
+  gradients (the grader takes two steps in a row), and clipping bites in true units (a step whose
+  gradient is twice max_norm, at scale 1024, must move the weights by lr x max_norm).
 
 Every grader runs on the CPU with float16 autocast and torch.amp.GradScaler("cpu"), which torch
 supports, so the grades are the same on a laptop and on a GPU node.
@@ -16,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from . import describe, expect, expect_close, grader, wrong_answer
-
-LR = 0.1
+from .amp_steps import (LR, accumulation_hint, as_float, call_step, clipping_hint,
+                        first_layer_dtypes, fp32_loss_and_grad_norm, setup, weights)
 
 
 # Exercise 1: what fp16 keeps of a gradient, with and without a loss scale.
@@ -39,7 +40,8 @@ def check_fp16_round_trip(fp16_round_trip):
         expect(isinstance(got, torch.Tensor) and got.dtype == torch.float32,
                f"fp16_round_trip(grads, {scale:g})", "a float32 tensor",
                f"{type(got).__name__} {getattr(got, 'dtype', '')}",
-               "cast back with .to(torch.float32) (or .float()) before dividing by the scale")
+               "the values come back to the gradients' own dtype, float32, after their trip "
+               "through float16")
         expected = reference_fp16_round_trip(grads, scale)
         wrong = ~torch.isclose(got, expected, rtol=1e-6, atol=0.0) if got.shape == grads.shape \
             else torch.ones_like(grads, dtype=torch.bool)
@@ -47,8 +49,22 @@ def check_fp16_round_trip(fp16_round_trip):
         expect(not wrong.any(), f"fp16_round_trip(grads, {scale:g})",
                f"{expected[first].item():.6g} for the gradient {grads[first].item():.6g}",
                f"{got.flatten()[first].item():.6g}" if got.numel() > first else describe(got),
-               "multiply by the scale BEFORE the cast to float16 (that is what saves the small "
-               "values), then cast back to float32 and divide by the scale")
+               _round_trip_hint(got, grads, scale))
+
+
+def _round_trip_hint(got, grads, scale):
+    """Which step of the round trip the answer got wrong, judged from the values it returned."""
+    if got.shape != grads.shape:
+        return f"return one value per gradient: shape {tuple(grads.shape)}"
+    unscaled = reference_fp16_round_trip(grads, 1.0)
+    if scale != 1.0 and torch.allclose(got, unscaled, rtol=1e-6, atol=0.0, equal_nan=True):
+        return (f"your values are what fp16 keeps with no scale at all: the small gradients were "
+                f"stored in float16 before they were multiplied by {scale:g}")
+    if torch.allclose(got, reference_fp16_round_trip(grads, scale) * scale, rtol=1e-6, atol=0.0,
+                      equal_nan=True):
+        return f"your values are {scale:g} times the gradients: they come back still scaled"
+    return ("the value must go through float16 (not bfloat16 or float32) while it is multiplied "
+            "by the scale, and come back in the gradient's own units")
 
 
 def _round_trip_without_scale(grads, scale):
@@ -81,116 +97,82 @@ def reference_amp_step(model, optimizer, scaler, X, y, max_norm):
     return loss.item()
 
 
-def _setup(seed=0):
-    from ..training.data import make_dataset
-    from ..training.models import make_model
-
-    model = make_model(seed=seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    X, y = make_dataset(n_samples=128, seed=6).tensors
-    return model, optimizer, X, y
-
-
-def _weights(model):
-    return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
-
-
-def _fp32_loss_and_grad_norm(X, y):
-    model, _, _, _ = _setup()
-    loss = F.cross_entropy(model(X), y)
-    loss.backward()
-    norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
-    return loss.item(), norm.item()
-
-
-def _first_layer_dtypes(model):
-    seen = []
-    model[0].register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
-    return seen
-
-
-def _as_float(loss, what):
-    try:
-        return float(loss)
-    except (TypeError, ValueError, RuntimeError):
-        expect(False, what, "the loss as a number (loss.item())", repr(loss)[:80],
-               "return the unscaled loss, e.g. loss.item()")
-
-
 def _expect_step_like_reference(amp_step, X, y, max_norm, steps, what):
-    model, optimizer, _, _ = _setup()
-    reference, reference_optimizer, _, _ = _setup()
+    model, optimizer, _, _ = setup()
+    reference, reference_optimizer, _, _ = setup()
     # Scale 1: a large scale would hide stale gradients (they are divided by it at unscale_).
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
     reference_scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
     for step in range(steps):
         batch = slice(64 * (step % 2), 64 * (step % 2) + 64)
-        amp_step(model, optimizer, scaler, X[batch], y[batch], max_norm)
+        call_step(amp_step, model, optimizer, scaler, X[batch], y[batch], max_norm)
         reference_amp_step(reference, reference_optimizer, reference_scaler, X[batch], y[batch],
                            max_norm)
-    expect_close(_weights(model), _weights(reference), what,
-                 hint="zero the gradients first, then autocast forward, scaler.scale(loss)"
-                      ".backward(), scaler.unscale_, clip, scaler.step, scaler.update",
-                 rtol=1e-4, atol=1e-6)
+        expect_close(weights(model), weights(reference), f"{what}, after step {step + 1}",
+                     hint="the steps before matched: this one started from other gradients "
+                          "(the previous step's still there?)" if step else
+                          "a single step from fresh gradients differs from a correct AMP step",
+                     rtol=1e-4, atol=1e-6)
 
 
 @grader("AMP step")
 def check_amp_step(amp_step):
-    model, optimizer, X, y = _setup()
+    model, optimizer, X, y = setup()
     X64, y64 = X[:64], y[:64]
-    fp32_loss, true_norm = _fp32_loss_and_grad_norm(X64, y64)
+    fp32_loss, true_norm = fp32_loss_and_grad_norm(X64, y64)
     max_norm = true_norm / 2  # clipping must bite, measured in true (unscaled) units
-    before = _weights(model)
-    dtypes = _first_layer_dtypes(model)
+    before = weights(model)
+    dtypes = first_layer_dtypes(model)
     scaler = torch.amp.GradScaler("cpu")
-    loss = _as_float(amp_step(model, optimizer, scaler, X64, y64, max_norm), "the returned loss")
+    loss = as_float(call_step(amp_step, model, optimizer, scaler, X64, y64, max_norm),
+                     "the returned loss")
 
     expect(dtypes == [torch.float16], "the dtype of the first Linear's output",
            "[torch.float16] (one forward under float16 autocast)", str(dtypes),
-           "run the forward and the loss inside torch.autocast(device_type=X.device.type, "
-           "dtype=torch.float16)")
+           "the first Linear did not compute in float16: the forward pass ran outside float16 "
+           "autocast" if dtypes else "the model's forward pass never ran")
+    scaled = abs(loss - fp32_loss * 65536.0) <= 1e-2 * fp32_loss * 65536.0
     expect_close(loss, fp32_loss, "the returned loss", rtol=1e-2,
-                 hint="return the loss itself (loss.item()), not the scaled loss")
-    update_norm = (_weights(model) - before).norm().item()
-    if update_norm < LR * max_norm / 100:
-        hint = ("the update is tiny: did you clip before scaler.unscale_(optimizer)? Clipping "
-                "scaled gradients cuts them to max_norm / scale in true units")
-    else:
-        hint = ("clip with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after "
-                "scaler.unscale_(optimizer) and before scaler.step(optimizer)")
+                 hint="it is 65536 times the loss: the scaled loss" if scaled else
+                      "the cross-entropy of this batch, a float, in its own units")
+    update_norm = (weights(model) - before).norm().item()
     expect_close(update_norm, LR * max_norm,
-                 "the size of the SGD update (lr x clipped gradient norm)", hint, rtol=1e-3)
+                 f"the size of the SGD update (lr x clipped gradient norm), gradient norm "
+                 f"{true_norm:.4g}, max_norm {max_norm:.4g}",
+                 clipping_hint(update_norm, max_norm, true_norm, 65536.0), rtol=1e-3)
     expect(scaler.get_scale() == 65536.0, "the scale after a step without inf",
            "65536.0 (unchanged)", str(scaler.get_scale()),
-           "call scaler.update() once, after scaler.step(optimizer)")
+           "the scale changed after a clean step: it was updated more than once, or lowered")
 
     # A scale this large makes the fp16 gradients overflow: the step must be skipped.
-    model, optimizer, X, y = _setup()
-    before = _weights(model)
+    model, optimizer, X, y = setup()
+    before = weights(model)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
-    loss = _as_float(amp_step(model, optimizer, scaler, X64, y64, max_norm),
+    loss = as_float(call_step(amp_step, model, optimizer, scaler, X64, y64, max_norm),
                      "the loss of the overflowing step")
-    after = _weights(model)
+    after = weights(model)
     expect(torch.equal(after, before), "the weights after a step whose gradients overflowed",
            "unchanged (the scaler skips the step)",
            "changed" if after.isfinite().all() else "inf/nan",
-           "step with scaler.step(optimizer), never optimizer.step(): it skips the step when "
-           "the gradients hold inf or nan")
+           "the gradients held inf at scale 2^20, yet the weights moved: that step went to the "
+           "optimizer without the scaler's inf check")
     expect(scaler.get_scale() == 2.0**19, "the scale after a step whose gradients overflowed",
            f"{2.0**19} (halved from {2.0**20})", str(scaler.get_scale()),
-           "call scaler.update() after scaler.step(optimizer): it halves the scale after an inf")
+           "the scale stayed at 2^20 after an overflow: it was never updated, so the next step "
+           "overflows again" if scaler.get_scale() == 2.0**20 else
+           "after one overflowing step the scale is halved once")
     expect(abs(loss - fp32_loss) <= 1e-2 * fp32_loss, "the loss of the overflowing step",
            f"about {fp32_loss:.4f} (the loss is finite, only the scaled gradients overflow)",
-           str(loss), "return the unscaled loss")
+           str(loss), "the loss of this batch in its own units, not multiplied by the scale")
 
     _expect_step_like_reference(amp_step, X, y, max_norm, 3,
-                                "the weights after 3 AMP steps (vs a correct AMP step)")
+                                "the weights of 3 AMP steps (vs a correct AMP step)")
     _expect_step_like_reference(amp_step, X, y, 1e3, 1,
-                                "the weights after a step that needs no clipping")
+                                "the weights of a step that needs no clipping")
 
 
 def _amp_step_variant(autocast=True, zero_grad=True, scale=True, unscale=True,
-                      scaler_step=True, update=True, return_scaled=False):
+                      scaler_step=True, update=True, return_scaled=False, clip_to="max_norm"):
     """reference_amp_step with one part missing or done wrong: a wrong answer."""
     def amp_step(model, optimizer, scaler, X, y, max_norm):
         if zero_grad:
@@ -201,7 +183,9 @@ def _amp_step_variant(autocast=True, zero_grad=True, scale=True, unscale=True,
         scaled.backward()
         if unscale:
             scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if clip_to is not None:  # a fixed number, or max_norm
+            torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                           max_norm if clip_to == "max_norm" else clip_to)
         scaler.step(optimizer) if scaler_step else optimizer.step()
         if update:
             scaler.update()
@@ -233,42 +217,60 @@ def _micro_batches(X, y, n=4, size=16):
 
 @grader("AMP with gradient accumulation")
 def check_amp_accumulation_step(amp_accumulation_step):
-    _, _, X, y = _setup()
+    _, _, X, y = setup()
     micro_batches = _micro_batches(X, y)
-    fp32_loss, _ = _fp32_loss_and_grad_norm(X[:64], y[:64])
+    fp32_loss, true_norm = fp32_loss_and_grad_norm(X[:64], y[:64])  # the 4 micro-batches' mean
+    start = weights(setup()[0])
     model, reference, losses = _steps_side_by_side(amp_accumulation_step, [micro_batches])
-    loss = _as_float(losses[0], "the returned loss")
-    expect_close(_weights(model), _weights(reference),
-                 "the weights after one step over 4 micro-batches",
-                 hint="backward every micro-batch (loss / len(micro_batches), scaled), then "
-                      "unscale_, clip, step and update ONCE",
+    loss = as_float(losses[0], "the returned loss")
+    expect_close(weights(model), weights(reference),
+                 "the weights after one step over 4 micro-batches (no clipping)",
+                 hint=accumulation_hint(weights(model) - start, weights(reference) - start),
                  rtol=1e-4, atol=1e-6)
     # Two steps in a row, with a small scale (a large one would divide leftover gradients away):
     # gradients left over from the first step must not leak into the second.
     model, reference, _ = _steps_side_by_side(amp_accumulation_step,
                                               [micro_batches, _micro_batches(X[64:], y[64:])],
                                               init_scale=2.0)
-    expect_close(_weights(model), _weights(reference),
+    expect_close(weights(model), weights(reference),
                  "the weights after two steps in a row (scale 2.0)",
-                 hint="start every step from zero gradients: optimizer.zero_grad() before the "
-                      "first micro-batch (or after optimizer.step()), never between micro-batches",
+                 hint="the first step was right and the second is not: it started from the "
+                      "gradients the first step left behind",
                  rtol=1e-4, atol=1e-6)
     expect_close(loss, fp32_loss, "the returned loss (the mean over the 4 micro-batches)",
-                 rtol=1e-2, hint="divide each micro-batch's loss by len(micro_batches) and add up")
+                 rtol=1e-2, hint=f"it is {loss / fp32_loss:.2f} times the mean of the "
+                                 f"micro-batches' losses")
+
+    # Clipping that bites, at a scale that is not 1 (at scale 1, scaled and true units agree):
+    # the step's whole gradient, unscaled, must be cut to max_norm.
+    max_norm, scale = true_norm / 2, 1024.0
+    model, reference, _ = _steps_side_by_side(amp_accumulation_step, [micro_batches],
+                                              init_scale=scale, max_norm=max_norm)
+    update_norm = (weights(model) - start).norm().item()
+    expect_close(update_norm, LR * max_norm,
+                 f"the size of the SGD update (lr x clipped gradient norm), the step's gradient "
+                 f"norm {true_norm:.4g}, max_norm {max_norm:.4g}, scale {scale:g}",
+                 clipping_hint(update_norm, max_norm, true_norm, scale), rtol=1e-3)
+    expect_close(weights(model), weights(reference),
+                 "the weights after one clipped step over 4 micro-batches",
+                 hint="the update has the right size but not the right direction: clip the "
+                      "gradient of the whole step, all micro-batches summed", rtol=1e-4, atol=1e-6)
 
     # Only the last micro-batch overflows: the whole step must be skipped, the scale halved once.
-    model, optimizer, _, _ = _setup()
-    before = _weights(model)
+    model, optimizer, _, _ = setup()
+    before = weights(model)
     scaler = torch.amp.GradScaler("cpu")
     exploding = (micro_batches[-1][0] * 1e6, micro_batches[-1][1])
-    amp_accumulation_step(model, optimizer, scaler, micro_batches[:-1] + [exploding], 1e3)
-    expect(torch.equal(_weights(model), before),
+    call_step(amp_accumulation_step, model, optimizer, scaler, micro_batches[:-1] + [exploding], 1e3)
+    expect(torch.equal(weights(model), before),
            "the weights after a step whose last micro-batch overflowed",
            "unchanged (one inf anywhere skips the whole step)", "changed",
-           "step once, with scaler.step(optimizer), after the last micro-batch")
+           "the last micro-batch's gradients held inf, yet the weights moved: a step was taken "
+           "before that micro-batch, or without the scaler's inf check")
     expect(scaler.get_scale() == 32768.0, "the scale after one skipped step",
            "32768.0 (halved once)", str(scaler.get_scale()),
-           "call scaler.update() once per optimizer step, not per micro-batch")
+           f"{65536.0 / scaler.get_scale():g} = 65536 / your scale: the scale must be halved "
+           f"once per skipped optimizer step")
 
 
 def _accumulation_steps_every_micro_batch(model, optimizer, scaler, micro_batches, max_norm):
@@ -278,22 +280,25 @@ def _accumulation_steps_every_micro_batch(model, optimizer, scaler, micro_batche
     return total
 
 
-def _steps_side_by_side(amp_accumulation_step, steps, init_scale=65536.0):
+def _steps_side_by_side(amp_accumulation_step, steps, init_scale=65536.0, max_norm=1e3):
     """(model, reference model, returned losses): one step per list of micro-batches, each by the
-    answer and by the reference, from the same start. No clipping (max_norm 1e3): clipping would
+    answer and by the reference, from the same start. max_norm 1e3 does not clip: clipping would
     hide a gradient of the wrong size."""
-    (model, optimizer, _, _), (reference, reference_optimizer, _, _) = _setup(), _setup()
+    (model, optimizer, _, _), (reference, reference_optimizer, _, _) = setup(), setup()
     scaler, reference_scaler = (torch.amp.GradScaler("cpu", init_scale=init_scale) for _ in range(2))
     losses = []
     for micro_batches in steps:
-        losses.append(amp_accumulation_step(model, optimizer, scaler, micro_batches, 1e3))
+        losses.append(call_step(amp_accumulation_step, model, optimizer, scaler, micro_batches,
+                            max_norm))
         reference_amp_accumulation_step(reference, reference_optimizer, reference_scaler,
-                                        micro_batches, 1e3)
+                                        micro_batches, max_norm)
     return model, reference, losses
 
 
-def _accumulation_variant(divide=True, zero_every_micro_batch=False, zero_grad=True):
-    """reference_amp_accumulation_step with one mistake: a wrong answer."""
+def _accumulation_variant(divide=True, zero_every_micro_batch=False, zero_grad=True, clip="after",
+                          unscale_every_micro_batch=False):
+    """reference_amp_accumulation_step with one mistake: a wrong answer. `clip`: "after" unscale_
+    (right), "before" unscale_, "every micro-batch" (the scaled partial sums), or None."""
     def amp_accumulation_step(model, optimizer, scaler, micro_batches, max_norm):
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
@@ -304,14 +309,37 @@ def _accumulation_variant(divide=True, zero_every_micro_batch=False, zero_grad=T
             with torch.autocast(device_type=X.device.type, dtype=torch.float16):
                 loss = F.cross_entropy(model(X), y) / (len(micro_batches) if divide else 1)
             scaler.scale(loss).backward()
+            if unscale_every_micro_batch:
+                scaler.unscale_(optimizer)
+            if clip == "every micro-batch":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             total += loss.item() / (1 if divide else len(micro_batches))
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if clip == "before":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if not unscale_every_micro_batch:
+            scaler.unscale_(optimizer)
+        if clip == "after":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         scaler.step(optimizer)
         scaler.update()
         return total
 
     return amp_accumulation_step
+
+
+def _accumulation_clipping_scaled_by_hand(model, optimizer, scaler, micro_batches, max_norm):
+    """Never calls unscale_: scaler.step unscales, after the clip saw the scaled gradients."""
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for X, y in micro_batches:
+        with torch.autocast(device_type=X.device.type, dtype=torch.float16):
+            loss = F.cross_entropy(model(X), y) / len(micro_batches)
+        scaler.scale(loss).backward()
+        total += loss.item()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return total
 
 
 WRONG_ANSWERS = {
@@ -332,6 +360,8 @@ WRONG_ANSWERS = {
         wrong_answer("no autocast", _amp_step_variant(autocast=False)),
         wrong_answer("never zeroes the gradients", _amp_step_variant(zero_grad=False)),
         wrong_answer("returns the scaled loss", _amp_step_variant(return_scaled=True)),
+        wrong_answer("never clips", _amp_step_variant(clip_to=None)),
+        wrong_answer("clips to a fixed 1.0, not max_norm", _amp_step_variant(clip_to=1.0)),
     ],
     check_amp_accumulation_step: [
         wrong_answer("steps after every micro-batch", _accumulation_steps_every_micro_batch),
@@ -341,5 +371,15 @@ WRONG_ANSWERS = {
                      _accumulation_variant(zero_every_micro_batch=True)),
         wrong_answer("never zeroes the gradients: the next step adds the last one's",
                      _accumulation_variant(zero_grad=False)),
+        wrong_answer("never clips: max_norm is ignored", _accumulation_variant(clip=None)),
+        wrong_answer("clips before unscale_ (max_norm in scaled units)",
+                     _accumulation_variant(clip="before")),
+        wrong_answer("clips the scaled gradients after every micro-batch",
+                     _accumulation_variant(clip="every micro-batch")),
+        wrong_answer("unscale_ and clip after every micro-batch",
+                     _accumulation_variant(clip="every micro-batch",
+                                           unscale_every_micro_batch=True)),
+        wrong_answer("no unscale_: clips, then scaler.step unscales",
+                     _accumulation_clipping_scaled_by_hand),
     ],
 }

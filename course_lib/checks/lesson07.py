@@ -2,40 +2,42 @@
 resume on 2 ranks (compared with an uninterrupted run), and keeping the last N checkpoints.
 
 - atomic save: the state reaches `path` whole, through a temporary file next to it (same folder,
-  so the rename is atomic), flushed and fsynced, then renamed over `path`; a crash at any step
-  (half way through torch.save, at the fsync, at the rename) leaves the previous checkpoint whole.
+  so the rename is atomic), whose bytes were all fsynced before that same file is renamed over
+  `path`; a crash at any step (half way through torch.save, at the fsync, at the rename) leaves
+  the previous checkpoint whole.
 - resume exactly: a run on 2 ranks saved with your save_training_state after 2 steps and again
-  after 3 (rank 0 writes, the others wait until the new file is there; had rank 0 died at any point
-  of the second save, path would still hold the first checkpoint whole), rebuilt from scratch and
-  loaded with your load_training_state, then trained on, gives the uninterrupted run's losses and
-  weights.
+  after 3 (rank 0 writes, slowed by 0.5 s on purpose; no rank returns before the new file is on
+  disk; had rank 0 died at any point of the second save, path would still hold the first
+  checkpoint whole), rebuilt from scratch and loaded with your load_training_state, then trained
+  on, gives the uninterrupted run's losses and weights. Your load, given the same checkpoint with
+  an object hidden in it that runs code when unpickled, must not run it (weights only); this
+  last check runs in this process, in a process group of one rank.
 - keep the last N: only the N `step_<number>.pt` files with the largest step numbers stay (by
   number, not by name or modification time); other files are left alone.
 
-The resume grader runs your save and load functions on 2 gloo ranks; the others run in this process.
+The resume grader runs your save and load functions on 2 gloo ranks (course_lib.checks.resume_run);
+the others run in this process. course_lib.checks.save_watch watches the saves.
 """
 import contextlib
-import hashlib
-import io
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.utils import parameters_to_vector
 
 from .ranks import run_on_ranks
+from .resume_run import (FIRST_SAVE_AT, SLOW_SAVE_S, STEPS, STOP_AT, WORLD_SIZE, diagnose,
+                         loads_hidden_code, resume_on_rank)
+from . import checkpoint_answers as answers
+from .checkpoint_answers import (reference_load_training_state,  # the exercise's answers
+                                 reference_save_training_state)
+from .save_watch import CRASH_POINTS, RENAMES, crash_at, record_file_calls
 from . import expect, expect_close, expect_equal, grader, wrong_answer
 from ..topics.crash_safety import SimulatedCrash, crash_half_way_through_torch_save
 from ..training.checkpoint import write_atomically
-from ..training.data import make_dataset
 from ..training.models import make_model
 
-WORLD_SIZE = 2
 LAUNCH_TIMEOUT_S = 90
 
 
@@ -44,52 +46,6 @@ LAUNCH_TIMEOUT_S = 90
 def reference_atomic_save(state, path):
     """The exercise's answer: the library's write_atomically (temporary file, fsync, os.replace)."""
     write_atomically(state, path)
-
-
-@contextlib.contextmanager
-def record_file_calls():
-    """Record os.fsync, os.replace and os.rename calls, in order: ("fsync", bytes on disk) and
-    ("replace", destination, source)."""
-    calls, real = [], {name: getattr(os, name) for name in ("fsync", "replace", "rename")}
-
-    def fsync(fd):
-        calls.append(("fsync", os.fstat(fd).st_size))
-        return real["fsync"](fd)
-
-    def renamer(name):
-        def rename(source, destination, *args, **kwargs):
-            calls.append((name, os.fspath(destination), os.fspath(source)))
-            return real[name](source, destination, *args, **kwargs)
-        return rename
-
-    os.fsync, os.replace, os.rename = fsync, renamer("replace"), renamer("rename")
-    try:
-        yield calls
-    finally:
-        os.fsync, os.replace, os.rename = real["fsync"], real["replace"], real["rename"]
-
-
-@contextlib.contextmanager
-def crash_at(*names):
-    """While active, calling os.<name> for any of `names` kills the process before it acts."""
-    real = {name: getattr(os, name) for name in names}
-
-    def dies(*args, **kwargs):
-        raise SimulatedCrash(f"the process died at os.{names[0]}")
-
-    for name in names:
-        setattr(os, name, dies)
-    try:
-        yield
-    finally:
-        for name, function in real.items():
-            setattr(os, name, function)
-
-
-CRASH_POINTS = [  # (where the process dies, the os functions that die there)
-    ("at the fsync", ("fsync",)),
-    ("at the rename", ("replace", "rename")),
-]
 
 
 def _state(version):
@@ -110,6 +66,12 @@ def _load(path):
         return error
 
 
+def _shown(loaded) -> str:
+    if isinstance(loaded, Exception):
+        return f"{type(loaded).__name__}: {str(loaded)[:80]}"
+    return repr(loaded)[:100]
+
+
 @grader("atomic save")
 def check_atomic_save(atomic_save):
     with tempfile.TemporaryDirectory() as directory:
@@ -118,98 +80,67 @@ def check_atomic_save(atomic_save):
         with record_file_calls() as calls:
             atomic_save(first, path)
         expect(path.exists(), "the file after atomic_save(state, path)", "a checkpoint at path",
-               "no file at path",
-               "write a temporary file next to it, then os.replace(temporary, path)")
+               "no file at path", "atomic_save returned, and nothing has the name path")
         loaded = _load(path)
         expect(_same_state(loaded, first), "torch.load(path) after atomic_save", "the saved state",
-               repr(loaded)[:100], "torch.save the whole state into the temporary file")
+               _shown(loaded), "the file at path does not load back as the state you were given")
         left = sorted(p.name for p in Path(directory).iterdir() if p.name != path.name)
         expect_equal(left, [], "other files left in the folder",
-                     "rename the temporary file over path: nothing else may stay behind")
+                     "after a save that did not crash, only path may stay: the temporary file "
+                     "becomes path")
+        _expect_synced_then_renamed(calls, path)
         with crash_half_way_through_torch_save():
             with contextlib.suppress(SimulatedCrash):
                 atomic_save(second, path)
         loaded = _load(path)
         expect(_same_state(loaded, first), "path after a crash half way through saving the next "
-               "checkpoint", "the previous checkpoint, whole and loadable",
-               f"{type(loaded).__name__}: {str(loaded)[:80]}" if isinstance(loaded, Exception)
-               else repr(loaded)[:100],
-               "never write to path itself: write a temporary file, then rename it over path")
-
-        renames = [index for index, (name, *_) in enumerate(calls) if name in ("replace", "rename")]
-        expect(bool(renames) and calls[renames[-1]][1] == os.fspath(path),
-               "how the file reached path", "a rename of the temporary file onto path "
-               "(os.replace)", "no rename onto path" if not renames else f"calls {calls}",
-               "torch.save straight to path is what leaves a half-written file after a crash")
-        source_folder = Path(calls[renames[-1]][2]).resolve().parent
-        expect(source_folder == path.resolve().parent, "the folder of the temporary file",
-               "path's own folder", str(source_folder),
-               "a rename is atomic only within one file system, and another folder may be on "
-               "another one (then os.replace fails): write the temporary file next to path")
-        synced = [call[1] for call in calls[: renames[-1]] if call[0] == "fsync"]
-        final_size = path.stat().st_size
-        expect(bool(synced), "os.fsync before the rename", "at least one fsync of the temporary "
-               "file before it is renamed", "no fsync",
-               "without os.fsync(file.fileno()) the rename can reach the disk before the data: "
-               "after a power cut, path names an empty or partial file")
-        expect(max(synced) == final_size, "the bytes on disk when you called os.fsync",
-               f"all {final_size} bytes", f"{max(synced)} bytes",
-               "call file.flush() before os.fsync: fsync only syncs what Python has handed to "
-               "the operating system")
-
+               "checkpoint", "the previous checkpoint, whole and loadable", _shown(loaded),
+               "path itself was being written when the process died: the previous checkpoint "
+               "was gone before the new one was complete")
         for where, names in CRASH_POINTS:
             with crash_at(*names):
                 with contextlib.suppress(SimulatedCrash):
                     atomic_save(second, path)
             loaded = _load(path)
             expect(_same_state(loaded, first), f"path after a crash {where} of the next save",
-                   "the previous checkpoint, whole and loadable",
-                   f"{type(loaded).__name__}: {str(loaded)[:80]}"
-                   if isinstance(loaded, Exception) else repr(loaded)[:100],
-                   "touch path only with the final os.replace(temporary, path): never remove or "
-                   "write it before, since the process can die at any line")
+                   "the previous checkpoint, whole and loadable", _shown(loaded),
+                   f"the process died {where}, and path had already changed: it was removed or "
+                   f"written before the final rename")
 
         atomic_save(second, path)  # a save after the crash must succeed, over any leftover
         expect(_same_state(_load(path), second), "path after the next, successful save",
-               "the new state", "something else", "open the temporary file with mode 'wb'")
+               "the new state", "something else",
+               "after a crashed save, the next one must still put its state at path, whatever "
+               "the crash left behind")
 
 
-def _saves_directly(state, path):
-    torch.save(state, path)
-
-
-def _saves_without_fsync(state, path):
-    temporary = Path(path).with_name(Path(path).name + ".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
-
-
-def _save_synced(state, file):
-    """The part the wrong answers below get right: the state written, flushed and fsynced."""
-    torch.save(state, file)
-    file.flush()
-    os.fsync(file.fileno())
-
-
-def _never_renames(state, path):
-    temporary = Path(path).with_name(Path(path).name + ".tmp")
-    with open(temporary, "wb") as file:
-        _save_synced(state, file)
-    return temporary
-
-
-def _temporary_file_in_another_folder(state, path):
-    # in the system's temporary folder, not next to path
-    with tempfile.NamedTemporaryFile(delete=False, suffix=".pt") as file:
-        _save_synced(state, file)
-    os.replace(file.name, path)
-
-
-def _removes_the_old_checkpoint_first(state, path):
-    temporary = _never_renames(state, path)  # the temporary file, written right
-    if os.path.exists(path):
-        os.remove(path)  # "make room": a crash before the rename leaves no checkpoint at all
-    os.rename(temporary, path)
+def _expect_synced_then_renamed(calls, path):
+    """The file renamed onto `path` was fsynced, all its bytes, before the rename, in its folder."""
+    renames = [index for index, (name, *_) in enumerate(calls) if name in RENAMES]
+    expect(bool(renames) and calls[renames[-1]][1] == os.fspath(path),
+           "how the file reached path", "a rename of the temporary file onto path",
+           "no rename onto path" if not renames else f"renames {[c[1:3] for c in calls]}",
+           "path was written in place: a crash during the write leaves half a file there")
+    _, _, source, size, identity = calls[renames[-1]]
+    source_folder = Path(source).resolve().parent
+    expect(source_folder == path.resolve().parent, "the folder of the temporary file",
+           "path's own folder", str(source_folder),
+           "a rename is atomic only within one file system, and another folder may be on another "
+           "one (then the rename fails): the file renamed onto path came from elsewhere")
+    synced = [call for call in calls[: renames[-1]] if call[0] == "fsync"]
+    expect(bool(synced), "os.fsync before the rename", "an fsync of the temporary file before "
+           "it is renamed", "no fsync before the rename",
+           "the operating system may put the rename on disk before the data: after a power cut, "
+           "path names an empty or partial file")
+    own = [bytes_on_disk for _, bytes_on_disk, synced_identity in synced
+           if synced_identity == identity]
+    expect(bool(own), "the file you fsynced before the rename",
+           "the temporary file that is renamed onto path", "another file (or the folder)",
+           "the bytes that must be on disk before the rename are the renamed file's own")
+    expect(max(own) == size, "the bytes on disk when you called os.fsync",
+           f"all {size} bytes of the file", f"{max(own)} bytes",
+           "the fsync came before the file was complete: what was written after it is not "
+           "guaranteed on disk when the rename lands")
 
 
 def _atomic_save_stub(state, path):
@@ -218,183 +149,20 @@ def _atomic_save_stub(state, path):
 
 # -- exercise 2: resume exactly, on 2 ranks ------------------------------------------------------
 
-STEPS, FIRST_SAVE_AT, STOP_AT = 8, 2, 3
-BATCH_SIZE, LR, DROPOUT, SEED = 16, 0.01, 0.3, 100
-SLOW_SAVE_S = 0.5  # rank 0's torch.save takes this long: a rank that does not wait will notice
-
-
-def build_training():
-    """The run the grader resumes: the course model with dropout, and AdamW."""
-    model = make_model(dropout=DROPOUT)
-    return model, torch.optim.AdamW(model.parameters(), lr=LR)
-
-
-def train_steps(ddp_model, optimizer, X, y, steps):
-    """`steps` optimizer steps, each on a batch drawn at random from this rank's global RNG."""
-    losses = []
-    for _ in range(steps):
-        batch = torch.randint(len(X), (BATCH_SIZE,))
-        loss = F.cross_entropy(ddp_model(X[batch]), y[batch])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
-def reference_load_training_state(path, model, optimizer):
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"][dist.get_rank()])
-    return state["step"]
-
-
-def _digest(path):
-    """A fingerprint of the file at `path` (None when there is none)."""
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest(), os.path.getsize(path)
-    except FileNotFoundError:
-        return None
-
-
-@contextlib.contextmanager
-def _watched_save(path, on_rank0: bool):
-    """Count this rank's torch.save calls to files. On rank 0 each takes SLOW_SAVE_S longer, and the
-    file at `path` is fingerprinted wherever a crash could strike: half way through each torch.save
-    to a file, and before each os.fsync, os.replace and os.rename. Yields {"saves", "seen"}."""
-    real = {"save": torch.save, **{name: getattr(os, name) for name in ("fsync", "replace", "rename")}}
-    record = {"saves": 0, "seen": []}
-
-    def look(where):
-        if on_rank0:
-            record["seen"].append((where, _digest(path)))
-
-    def watched_save(obj, f, *args, **kwargs):
-        if isinstance(f, io.BytesIO):  # pickling a tensor (all_gather_object) saves to memory
-            return real["save"](obj, f, *args, **kwargs)
-        record["saves"] += 1
-        buffer = io.BytesIO()
-        real["save"](obj, buffer, *args, **kwargs)
-        data = buffer.getvalue()
-        with open(f, "wb") if isinstance(f, (str, os.PathLike)) else contextlib.nullcontext(f) as file:
-            file.write(data[: len(data) // 2])
-            file.flush()
-            look("half way through torch.save")
-            if on_rank0:
-                time.sleep(SLOW_SAVE_S)
-            file.write(data[len(data) // 2:])
-
-    def watched(name):
-        def call(*args, **kwargs):
-            look(f"at os.{name}")
-            return real[name](*args, **kwargs)
-        return call
-
-    torch.save = watched_save
-    os.fsync, os.replace, os.rename = watched("fsync"), watched("replace"), watched("rename")
-    try:
-        yield record
-    finally:
-        torch.save = real["save"]
-        os.fsync, os.replace, os.rename = real["fsync"], real["replace"], real["rename"]
-
-
-def _resume_on_rank(save_training_state, load_training_state, path):
-    """An uninterrupted run, then the same run saved after FIRST_SAVE_AT and STOP_AT steps, rebuilt
-    from scratch (reseeded as a new process would be), loaded and trained to the end."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    rank = dist.get_rank()
-    X, y = make_dataset(n_samples=256, seed=7).tensors
-    torch.manual_seed(SEED + rank)  # each rank its own batches and dropout masks
-    model, optimizer = build_training()
-    expected = train_steps(DDP(model), optimizer, X, y, STEPS)
-    expected_weights = parameters_to_vector(model.parameters()).detach().clone()
-
-    torch.manual_seed(SEED + rank)
-    model, optimizer = build_training()
-    ddp_model = DDP(model)
-    losses = train_steps(ddp_model, optimizer, X, y, FIRST_SAVE_AT)
-    save_training_state(path, ddp_model, optimizer, FIRST_SAVE_AT)  # the previous checkpoint
-    dist.barrier()  # the grader's own, so the rest runs whatever the save did
-    previous = _digest(path)
-    losses += train_steps(ddp_model, optimizer, X, y, STOP_AT - FIRST_SAVE_AT)
-    with _watched_save(path, on_rank0=rank == 0) as watch:
-        save_training_state(path, ddp_model, optimizer, STOP_AT)
-    when_save_returned = _digest(path)
-    dist.barrier()
-    final = _digest(path)
-
-    torch.manual_seed(SEED + rank)  # a new process runs the script from the top
-    model, optimizer = build_training()
-    step = load_training_state(path, model, optimizer)
-    losses += train_steps(DDP(model), optimizer, X, y, STEPS - STOP_AT)
-    seen = [(where, "the previous checkpoint" if digest == previous else "the new checkpoint"
-             if digest == final else "no file" if digest is None else f"{digest[1]} bytes that are "
-             f"neither checkpoint (half written: the new one has {final[1] if final else 0})")
-            for where, digest in watch["seen"]]
-    return {"expected": expected, "expected_weights": expected_weights, "losses": losses,
-            "weights": parameters_to_vector(model.parameters()).detach().clone(),
-            "saves": watch["saves"], "seen": seen, "step": step,
-            "on_disk": when_save_returned is not None and when_save_returned == final != previous}
-
-
 def _run_on_ranks(fn, *args, what: str):
     """fn(*args) on WORLD_SIZE quiet gloo ranks; a crash, a hang or a stub is explained."""
     return run_on_ranks(fn, *args, nprocs=WORLD_SIZE, what=what, timeout=LAUNCH_TIMEOUT_S,
-                        hang_hint="every rank must call the same collectives (all_gather_object, "
-                                  "barrier) in the same order: call them outside `if rank == 0`",
+                        hang_hint="the ranks waited for each other forever: one rank called a "
+                                  "collective (all_gather_object, barrier) that another never "
+                                  "reached, e.g. only inside `if rank == 0`",
                         crash_hint=_crash_hint)
 
 
 def _crash_hint(cause) -> str:
     if "module." in cause.traceback:
-        return ("the checkpoint's keys start with 'module.': you saved the DDP wrapper's "
-                "state_dict; save the model inside it, ddp_model.module.state_dict()")
-    return "run the cell that defines them, and read the error"
-
-
-def _tensors_and_dicts(value):
-    """Every tensor and dict inside a loaded checkpoint."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        yield value
-        for item in value.values():
-            yield from _tensors_and_dicts(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors_and_dicts(item)
-
-
-def _diagnose(path) -> str:
-    """What a checkpoint lacks for an exact resume, judged from its contents."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        return "save with torch.save, load with torch.load(path, weights_only=True)"
-    found = list(_tensors_and_dicts(state))
-    dicts = [item for item in found if isinstance(item, dict)]
-    if any(item and all(isinstance(key, str) and key.startswith("module.") for key in item)
-           for item in dicts):
-        return ("the model's keys start with 'module.' (the DDP wrapper's state_dict), so the "
-                "bare model loaded none of them; save ddp_model.module.state_dict()")
-    if not any({"state", "param_groups"} <= set(item) and item["state"] for item in dicts):
-        return ("the checkpoint has no optimizer state: AdamW keeps two running averages per "
-                "parameter and a step count; save optimizer.state_dict() and restore it with "
-                "optimizer.load_state_dict(...)")
-    rng_size = torch.get_rng_state().numel()
-    rng_states = [item for item in found if isinstance(item, torch.Tensor)
-                  and item.dtype == torch.uint8 and item.numel() == rng_size]
-    if not rng_states:
-        return ("the checkpoint has no RNG state, so the resumed run draws other batches and "
-                "dropout masks; save torch.get_rng_state() and restore it with torch.set_rng_state")
-    if len(rng_states) < WORLD_SIZE or all(torch.equal(s, rng_states[0]) for s in rng_states):
-        return ("the checkpoint holds one rank's RNG state, but each rank has its own: gather "
-                "them all (dist.all_gather_object) and let each rank restore its own")
-    return ("after loading, each rank must restore its own RNG state (torch.set_rng_state("
-            "states[rank])), the model's and the optimizer's state")
+        return ("the checkpoint's model keys start with 'module.': they are the DDP wrapper's "
+                "names, which the bare model does not have")
+    return "the error was raised in your function (its traceback is below)"
 
 
 @grader("resume exactly")
@@ -402,27 +170,45 @@ def check_resume(save_training_state, load_training_state):
     what = "a run resumed with your functions on 2 ranks"
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "checkpoint.pt")
-        results = _run_on_ranks(_resume_on_rank, save_training_state, load_training_state, path,
+        results = _run_on_ranks(resume_on_rank, save_training_state, load_training_state, path,
                                 what=what)
+        for rank, result in enumerate(results[1:], start=1):
+            expect(result["saves"] == 0, f"torch.save calls on rank {rank}", "0",
+                   str(result["saves"]), f"rank {rank} wrote a file too: the state is the same "
+                   f"on every rank, so one copy, rank 0's, is the checkpoint")
+        seconds = results[0]["save_seconds"]
+        expect(seconds >= SLOW_SAVE_S - 0.01, "how long rank 0's save took",
+               f"at least {SLOW_SAVE_S} s (the grader slows rank 0's torch.save, or its rename "
+               f"onto path, by {SLOW_SAVE_S} s)", f"{seconds:.3f} s",
+               "rank 0's checkpoint reached path through neither torch.save nor a rename, so the "
+               "grader could not watch it being written")
+        written_at = results[0]["written_at"]
         for rank, result in enumerate(results):
-            expected_saves = "at least 1" if rank == 0 else "0"
-            expect(result["saves"] >= 1 if rank == 0 else result["saves"] == 0,
-                   f"torch.save calls on rank {rank}", expected_saves, str(result["saves"]),
-                   "rank 0 writes the checkpoint (the state is the same on every rank); the "
-                   "others only take part in the collectives")
-            expect(result["on_disk"], f"the checkpoint when save_training_state returned on rank "
-                   f"{rank}", "the new checkpoint, on disk", "not there yet",
-                   "after rank 0's save, call dist.barrier() on every rank, so no rank goes on "
-                   "(or loads) before the file is written")
+            early = (f"returned {written_at - result['returned_at']:.2f} s before rank 0's file "
+                     f"was on disk" if written_at and result["returned_at"] < written_at
+                     else "the file at path was not the new checkpoint yet")
+            expect(result["on_disk"] and written_at is not None
+                   and result["returned_at"] >= written_at,
+                   f"the checkpoint when save_training_state returned on rank {rank}",
+                   "the new checkpoint, on disk", early,
+                   f"rank {rank} went on while rank 0 was still writing: it could load, delete or "
+                   f"train past a checkpoint that is not there")
             expect_equal(result["step"], STOP_AT, f"the step load_training_state returned on rank "
-                         f"{rank}", "return the step you saved")
+                         f"{rank}", "the step saved with the checkpoint is the one to return")
         _expect_previous_checkpoint_survives(results[0]["seen"])
         for rank, result in enumerate(results):
             expect_close(result["losses"], result["expected"],
                          f"rank {rank}'s losses, {STOP_AT} steps + resume + {STEPS - STOP_AT} steps",
-                         _diagnose(path), rtol=1e-6, atol=1e-7)
+                         diagnose(path), rtol=1e-6, atol=1e-7)
             expect_close(result["weights"], result["expected_weights"],
-                         f"rank {rank}'s final weights", _diagnose(path), rtol=1e-6, atol=1e-7)
+                         f"rank {rank}'s final weights", diagnose(path), rtol=1e-6, atol=1e-7)
+        expect(not loads_hidden_code(load_training_state, path),
+               "load_training_state on a checkpoint with an object hidden in it (like section "
+               "4's Payload, harmless here)",
+               "the load refuses the object (it is not a tensor or a plain container)",
+               "the object was unpickled: the code it carries ran",
+               "whoever writes a checkpoint your load accepts this way can run any code on your "
+               "machine: the load must rebuild tensors and plain containers only")
 
 
 def _expect_previous_checkpoint_survives(seen):
@@ -432,96 +218,8 @@ def _expect_previous_checkpoint_survives(seen):
         expect(found in ("the previous checkpoint", "the new checkpoint"),
                f"the file at path, had rank 0 crashed {where} while saving step {STOP_AT}",
                f"the previous checkpoint (step {FIRST_SAVE_AT}), whole", found,
-               "write the checkpoint with write_atomically(state, path): torch.save into a "
-               "temporary file next to path, then os.replace it over path. Writing path itself "
-               "destroys the previous checkpoint the moment the save starts")
-
-
-def _gathered_rng():
-    states = [None] * dist.get_world_size()
-    dist.all_gather_object(states, torch.get_rng_state())
-    return states
-
-
-def _save_on_rank0(path, state):
-    if dist.get_rank() == 0:
-        reference_atomic_save(state, path)
-    dist.barrier()
-
-
-def _save_without_optimizer(path, ddp_model, optimizer, step):
-    rng = _gathered_rng()
-    _save_on_rank0(path, {"model": ddp_model.module.state_dict(), "step": step, "rng": rng})
-
-
-def _load_without_optimizer(path, model, optimizer):
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    torch.set_rng_state(state["rng"][dist.get_rank()])
-    return state["step"]
-
-
-def _save_without_rng(path, ddp_model, optimizer, step):
-    _save_on_rank0(path, {"model": ddp_model.module.state_dict(),
-                          "optimizer": optimizer.state_dict(), "step": step})
-
-
-def _load_without_rng(path, model, optimizer):
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return state["step"]
-
-
-def _save_rank0_rng_only(path, ddp_model, optimizer, step):
-    _save_on_rank0(path, {"model": ddp_model.module.state_dict(), "step": step,
-                          "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
-
-
-def _load_rank0_rng_only(path, model, optimizer):
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
-    return state["step"]
-
-
-def _save_wrapped_state_dict(path, ddp_model, optimizer, step):
-    rng = _gathered_rng()
-    _save_on_rank0(path, {"model": ddp_model.state_dict(), "optimizer": optimizer.state_dict(),
-                          "step": step, "rng": rng})
-
-
-def _save_on_every_rank(path, ddp_model, optimizer, step):
-    rng = _gathered_rng()
-    state = {"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
-             "step": step, "rng": rng}
-    if dist.get_rank() == 0:
-        reference_atomic_save(state, path)
-    else:
-        torch.save(state, os.fspath(path) + f".rank{dist.get_rank()}")
-    dist.barrier()
-
-
-def _save_without_barrier(path, ddp_model, optimizer, step):
-    rng = _gathered_rng()
-    if dist.get_rank() == 0:
-        reference_atomic_save({"model": ddp_model.module.state_dict(), "step": step, "rng": rng,
-                               "optimizer": optimizer.state_dict()}, path)
-
-
-def _save_straight_to_path(path, ddp_model, optimizer, step):
-    rng = _gathered_rng()
-    if dist.get_rank() == 0:  # right state, but torch.save truncates path first: not write_atomically
-        torch.save({"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "step": step, "rng": rng}, path)
-    dist.barrier()
-
-
-def _load_after_waiting(path, model, optimizer):
-    while not os.path.exists(path):  # the grader's barrier already waited; this never spins
-        time.sleep(0.01)
-    return reference_load_training_state(path, model, optimizer)
+               "path was written in place (or removed) during the save: a crash there leaves no "
+               "whole checkpoint at all")
 
 
 def _resume_stub(*args):
@@ -554,12 +252,16 @@ def check_prune_checkpoints(prune_checkpoints):
             left = sorted(path.name for path in Path(directory).iterdir())
         kept_steps = SAVED_STEPS[-keep_last:]
         expected = sorted([f"step_{step}.pt" for step in kept_steps] + OTHER_FILES)
-        hint = ("keep the checkpoints with the largest step numbers, compared as numbers "
-                "('step_100.pt' < 'step_11.pt' as text), and delete only files named "
-                "step_<N>.pt (not a save in progress, not other files)")
         removed_others = sorted(set(OTHER_FILES) - set(left))
+        deleted = [name for name in expected if name not in left and name not in OTHER_FILES]
+        kept = [name for name in left if name not in expected]
         if removed_others:
-            hint = f"{removed_others} are not checkpoints: leave them alone"
+            hint = f"you deleted {removed_others}: they are not step_<N>.pt checkpoints"
+        elif deleted:
+            hint = (f"you deleted {deleted}, among the {keep_last} largest steps"
+                    + (f", and kept {kept}" if kept else ""))
+        else:
+            hint = f"you kept {kept}, older than the {keep_last} largest steps"
         expect_equal(left, expected, f"the folder after prune_checkpoints(directory, "
                      f"keep_last={keep_last}) (saved steps {SAVED_STEPS})", hint)
 
@@ -596,30 +298,42 @@ def _prune_stub(directory, keep_last):
 
 WRONG_ANSWERS = {
     check_atomic_save: [
-        wrong_answer("torch.save straight to the path", _saves_directly),
-        wrong_answer("temporary file and rename, but no fsync", _saves_without_fsync),
-        wrong_answer("writes the temporary file but never renames it", _never_renames),
+        wrong_answer("torch.save straight to the path", answers.saves_directly),
+        wrong_answer("temporary file and rename, but no fsync", answers.saves_without_fsync),
+        wrong_answer("writes the temporary file but never renames it", answers.never_renames),
         wrong_answer("temporary file in another folder (/tmp): the rename may cross file systems",
-                     _temporary_file_in_another_folder),
+                     answers.temporary_file_in_another_folder),
         wrong_answer("removes the old checkpoint before renaming the new one over it",
-                     _removes_the_old_checkpoint_first),
+                     answers.removes_the_old_checkpoint_first),
+        wrong_answer("fsyncs the folder, never the file", answers.fsyncs_the_folder_only),
+        wrong_answer("fsyncs the empty file before torch.save writes it", answers.fsyncs_before_writing),
+        wrong_answer("fsyncs after the rename", answers.fsyncs_after_the_rename),
         wrong_answer("the lesson's stub", _atomic_save_stub),
     ],
     check_resume: [
-        wrong_answer("does not save the optimizer state", _save_without_optimizer,
-                     _load_without_optimizer),
-        wrong_answer("does not save or restore the RNG state", _save_without_rng,
-                     _load_without_rng),
-        wrong_answer("saves rank 0's RNG state for every rank", _save_rank0_rng_only,
-                     _load_rank0_rng_only),
+        wrong_answer("does not save the optimizer state", answers.save_without_optimizer,
+                     answers.load_without_optimizer),
+        wrong_answer("does not save or restore the RNG state", answers.save_without_rng,
+                     answers.load_without_rng),
+        wrong_answer("saves rank 0's RNG state for every rank", answers.save_rank0_rng_only,
+                     answers.load_rank0_rng_only),
         wrong_answer("saves the DDP wrapper's state_dict ('module.' keys)",
-                     _save_wrapped_state_dict, reference_load_training_state),
-        wrong_answer("every rank writes a file", _save_on_every_rank,
+                     answers.save_wrapped_state_dict, reference_load_training_state),
+        wrong_answer("every rank writes a file", answers.save_on_every_rank,
                      reference_load_training_state),
-        wrong_answer("no barrier after rank 0's save", _save_without_barrier, _load_after_waiting),
+        wrong_answer("no barrier after rank 0's save", answers.save_without_barrier,
+                     answers.load_after_waiting),
+        wrong_answer("the barrier before rank 0's write, not after it",
+                     answers.barrier_before_the_write, answers.load_after_waiting),
         wrong_answer("rank 0 torch.saves straight to the path instead of write_atomically: a "
-                     "crash mid-save destroys the previous checkpoint", _save_straight_to_path,
-                     reference_load_training_state),
+                     "crash mid-save destroys the previous checkpoint",
+                     answers.save_straight_to_path, reference_load_training_state),
+        wrong_answer("loads with weights_only=False", reference_save_training_state,
+                     answers.load_not_weights_only),
+        wrong_answer("falls back to weights_only=False when the safe load refuses",
+                     reference_save_training_state, answers.load_falling_back_to_unsafe),
+        wrong_answer("rank 0 pickles straight to the path, loads with pickle",
+                     answers.pickle_straight_to_path, answers.load_with_pickle),
         wrong_answer("the lesson's stubs", _resume_stub, _resume_stub),
     ],
     check_prune_checkpoints: [

@@ -5,9 +5,12 @@ oversubscribed world sizes flagged, the predicted time of a gradient all-reduce,
   ({world_size: [seconds of each run]}, world sizes 1, 2 and 4), a report {world_size: (speedup,
   efficiency, oversubscribed)} (speedup from the runs' medians, statistics.median's, within
   1e-6; oversubscribed when there are more ranks than cpu_cores(); any kind of number and
-  Python's or NumPy's bool) and the best world size that is not oversubscribed. Timings vary from
-  run to run, so the grader judges the numbers against the runs the learner recorded, never
-  against a new measurement: an honest report of any run passes.
+  Python's or NumPy's bool) and the best world size that is not oversubscribed. The runs must be
+  a measurement: the record scaling.measure_scaling made in this session, unchanged (every step's
+  seconds of every run, its clocks agreeing with them, its seal: checks/measured.py), of strong
+  scaling. Judged against that record, never against a new run, so no band is needed: the load
+  of a busy machine changes the runs, and an honest report of any run passes; typed-in runs
+  ({1: [1], 2: [.5], 4: [.25]}) or runs converted to milliseconds have no record.
 - predicted all-reduce time: a ring's 2 (N - 1) alpha + 2 (N - 1) / N x bytes x beta.
 - batch plan for a global batch: (batch_size, grad_accum_steps), whole numbers of any integer
   type, that give exactly the global batch with the fewest micro-batches that fit; a ValueError
@@ -20,8 +23,10 @@ import statistics
 import numpy as np
 
 from ..topics.cost_model import naive_all_reduce_time, ring_all_reduce_time
+from ..topics.scaling import ScalingRuns
 from .. import cpu_cores
 from . import expect, expect_close, expect_value_error, grader, wrong_answer
+from .measured import expect_recorded
 
 # -- Exercise 1: scaling efficiency on this machine (a measurement) ------------------------------
 
@@ -47,8 +52,9 @@ def check_scaling_efficiency(runs, report, best_world_size, cores=None):
         speedup = medians[1] / medians[world_size]
         expect_close(_floats(entry[:2]), (speedup, speedup / world_size),
                      f"{what}: (speedup, efficiency) from your runs' medians",
-                     "strong scaling: speedup = median of the 1-rank runs / median of the N-rank "
-                     "runs (statistics.median of each list), efficiency = speedup / N", rtol=1e-6)
+                     f"the medians of your runs give a speedup of {speedup:.4g} on {world_size} "
+                     f"ranks (the same work per step, so faster means larger): compare your "
+                     f"pair with it, and with its share per rank", rtol=1e-6)
         oversubscribed = entry[2]
         expect(_is_bool(oversubscribed) and bool(oversubscribed) == (world_size > cores),
                f"{what}: oversubscribed", f"{world_size > cores} ({world_size} ranks, "
@@ -61,6 +67,13 @@ def check_scaling_efficiency(runs, report, best_world_size, cores=None):
            f"{best}: the fastest of the world sizes that are not oversubscribed, {sorted(trusted)}",
            repr(best_world_size), "pick by speedup, and leave out the oversubscribed world sizes "
            "however fast they looked: their timing is not meaningful")
+    expect_recorded(runs, ScalingRuns, "strong_runs", "scaling.measure_scaling",
+                    lambda record: sum(sum(timing.seconds) + sum(timing.warmup_seconds)
+                                       for timings in record.timings.values()
+                                       for timing in timings))
+    expect(runs.scaling == "strong", "strong_runs", "a strong-scaling measurement (the same "
+           "global batch on every world size)", f"{runs.scaling} scaling",
+           "pass the strong-scaling runs: speedup = t1 / tN holds for them only")
 
 
 def _expect_recorded_runs(runs):
@@ -136,11 +149,14 @@ def check_all_reduce_seconds(all_reduce_seconds):
         expected = ring_all_reduce_time(n_parameters * bytes_per_parameter, world_size, alpha, beta)
         got = all_reduce_seconds(n_parameters, world_size, alpha, beta,
                                  bytes_per_parameter=bytes_per_parameter)
+        ratio = f"{_as_float(got) / expected:.3g} times" if expected and isinstance(
+            _as_float(got), float) else "not"
         expect_close(_as_float(got), expected,
                      f"all_reduce_seconds({n_parameters:_}, {world_size}, alpha={alpha:g}, "
                      f"beta={beta:g}, bytes_per_parameter={bytes_per_parameter})",
-                     "the gradients are n_parameters * bytes_per_parameter bytes; a ring takes "
-                     "2 (N - 1) alpha + 2 (N - 1) / N * bytes * beta", rtol=1e-6, atol=1e-15)
+                     f"your time is {ratio} the ring's here: count the bytes of the gradients, "
+                     "the ring's steps, and what each rank sends in one step", rtol=1e-6,
+                     atol=1e-15)
 
 
 def _parameters_as_bytes(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
@@ -181,7 +197,8 @@ def check_accumulation_plan(accumulation_plan):
         expect(isinstance(got, (tuple, list)) and len(got) == 2
                and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in got),
                call, "a pair of ints (batch_size, grad_accum_steps)", repr(got)[:120],
-               "use // (integer division) for counts of samples and micro-batches")
+               "counts of samples and of micro-batches are whole numbers: a float, even 2.0, "
+               "is not one")
         batch_size, grad_accum_steps = got
         product = batch_size * grad_accum_steps * world_size
         expect(product == global_batch_size, f"{call}: the global batch it gives",
@@ -193,13 +210,15 @@ def check_accumulation_plan(accumulation_plan):
                f"at most max_batch_size = {max_batch_size} samples", str(batch_size),
                "a larger micro-batch does not fit in the device's memory")
         expect(tuple(got) == expected, call, f"{expected}: the fewest micro-batches",
-               repr(tuple(got)), "try grad_accum_steps = 1, 2, 3, ... and take the first that "
-               "divides each rank's share into micro-batches that fit")
+               repr(tuple(got)), f"{got[1]} micro-batches per step, where {expected[1]} of "
+               f"{expected[0]} samples would fit too: fewer micro-batches, larger ones, as long "
+               "as they fit")
     for global_batch_size, max_batch_size, world_size in IMPOSSIBLE_PLANS:
         call = f"accumulation_plan({global_batch_size}, {max_batch_size}, {world_size})"
         expect_value_error(lambda: accumulation_plan(global_batch_size, max_batch_size, world_size),
                            call, "the global batch does not split evenly over the ranks",
-                           "check global_batch_size % world_size == 0 and raise ValueError otherwise")
+                           f"{global_batch_size} samples cannot be shared evenly by {world_size} "
+                           "ranks: no plan is valid, and the exercise asks for an error then")
 
 
 def _largest_batch_rounding_up(global_batch_size, max_batch_size, world_size):
@@ -240,6 +259,11 @@ WRONG_ANSWERS = {
                      *_best_including_oversubscribed(), cores=2),
         wrong_answer("a report of made-up times, not the recorded runs",
                      {1: [0.01], 2: [0.005]}, _reference_report()[1], 2, cores=2),
+        wrong_answer("made up: {1: [1], 2: [.5], 4: [.25]}, reported right",
+                     *_reference_report({1: [1], 2: [.5], 4: [.25]}), cores=2),
+        wrong_answer("wrong unit: the runs in milliseconds, reported right",
+                     *_reference_report({n: [t * 1e3 for t in runs]
+                                         for n, runs in RECORDED_RUNS.items()}), cores=2),
     ],
     check_all_reduce_seconds: [
         wrong_answer("counts parameters as bytes", _parameters_as_bytes),

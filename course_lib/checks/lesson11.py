@@ -6,16 +6,20 @@ bytes per parameter under each ZeRO stage; which training recipes fit a large mo
   measures both steps again: counted tensor bytes on the CPU are the same on every machine and
   every run, so re-measuring is exact, and any honest way of finding the number passes.
 - bytes per parameter under ZeRO: the bytes each rank holds per parameter, for stages 0 to 3
-  (any kind of number: int, float, Fraction, numpy, a 0-dim tensor).
-- which recipes fit: the recipes of RECIPES that fit, in RECIPES' order (list or tuple).
+  (any kind of number: int, float, Fraction, numpy, a 0-dim tensor), by arithmetic: a call of
+  the library's estimate_memory (or fitting_recipes) is the library's answer, not yours.
+- which recipes fit: the recipes of RECIPES that fit, in RECIPES' order (list or tuple), each
+  judged by the answer itself: a call of the library's fitting_recipes is not an answer.
 
-The references are course_lib.topics.memory's estimator, so the lesson and its graders count alike.
+The references are course_lib.topics.memory's estimator, so the lesson and its graders count alike;
+course_lib.checks.call_watch sees which of them the learner's function called.
 """
 import numbers
 
 import torch
 
 from . import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
+from .call_watch import calls_of
 from ..topics.memory import (RECIPES, GiB, Recipe, estimate_memory, fitting_recipes,
                              measure_training_step)
 from ..training.data import N_CLASSES, N_FEATURES
@@ -43,20 +47,23 @@ def measured_step_bytes(batch_size: int) -> int:
 @grader("the largest batch that fits")
 def check_largest_batch(largest_batch):
     expect_whole_number(largest_batch, "largest_batch",
-                        "a batch is a whole number of samples: round down with int() or //")
+                        "a batch is a whole number of samples, and yours is not one")
     expect(largest_batch >= 1, "largest_batch", "at least 1 sample", repr(largest_batch))
-    hint = ("the model state (parameters, gradients, optimizer state) does not grow with the "
-            "batch; the activations grow in proportion to it: largest = (budget - model state) "
-            "// activation bytes per sample, with both measured (take the activations' slope "
-            "between two batch sizes, or measure at a large batch, so the batch's constant "
-            "bytes do not skew it)")
+    input_bytes = 4 * N_FEATURES * largest_batch  # measured below only when this much could fit
+    expect(input_bytes <= BUDGET_BYTES, "largest_batch", "a number of samples whose step fits in "
+           f"{BUDGET_BYTES:,} bytes", f"{largest_batch:,}",
+           f"the input batch alone, {largest_batch:,} x {N_FEATURES} float32 values, is "
+           f"{input_bytes:,} bytes: is this a number of bytes rather than of samples?")
     fits = measured_step_bytes(largest_batch)
     expect(fits <= BUDGET_BYTES, f"a step measured at largest_batch = {largest_batch}",
-           f"at most the budget, {BUDGET_BYTES:,} bytes", f"{fits:,} bytes", hint)
+           f"at most the budget, {BUDGET_BYTES:,} bytes", f"{fits:,} bytes",
+           f"at {largest_batch} samples the step holds {fits - BUDGET_BYTES:,} bytes more than the "
+           f"budget: the batch is too large")
     above = measured_step_bytes(largest_batch + 1)
     expect(above > BUDGET_BYTES, f"a step measured at largest_batch + 1 = {largest_batch + 1}",
            f"more than the budget, {BUDGET_BYTES:,} bytes (else largest_batch is not the largest)",
-           f"{above:,} bytes", hint)
+           f"{above:,} bytes", f"at {largest_batch + 1} samples the step still fits, with "
+                               f"{BUDGET_BYTES - above:,} bytes to spare: a larger batch fits")
 
 
 # The step at batch b holds 86,096 bytes of model state (21,520 + 21,520 + 43,056: Adam's step
@@ -79,22 +86,43 @@ def reference_zero_bytes_per_parameter(stage, world_size):
 def check_zero_bytes_per_parameter(zero_bytes_per_parameter):
     for stage, world_size in ZERO_CASES:
         call = f"zero_bytes_per_parameter(stage={stage}, world_size={world_size})"
-        got = zero_bytes_per_parameter(stage, world_size)
+        with calls_of(estimate_memory, fitting_recipes) as called:
+            got = zero_bytes_per_parameter(stage, world_size)
+        expect(not called, f"what {call} called", "arithmetic on the bytes each rank keeps",
+               f"the library's {called[0]}" if called else "",
+               "the library's estimator is the answer this exercise rebuilds: count the bytes "
+               "yourself")
         is_number = (isinstance(got, numbers.Real)
                      or (isinstance(got, torch.Tensor) and got.numel() == 1))
         expect(is_number and not isinstance(got, bool), call, "a number",
                f"{got!r} ({type(got).__name__})", "return the bytes as a number")
         expect_close(float(got), reference_zero_bytes_per_parameter(stage, world_size), call,
-                     rtol=1e-9, hint=_zero_hint(stage))
+                     rtol=1e-9, hint=_zero_hint(stage, world_size, float(got)))
 
 
-def _zero_hint(stage):
-    kept = {0: "DDP replicates all 16 bytes (2 weights + 2 gradients + 12 optimizer state, "
-               "master copy included)",
-            1: "stage 1 shards the 12 bytes of optimizer state (master copy included) only",
-            2: "stage 2 shards the optimizer state and the 2 bytes of gradients",
-            3: "stage 3 shards all 16 bytes, the weights too"}
-    return kept[stage]
+_PARTS = {"the weights": 2, "the gradients": 2, "the optimizer state": 12}
+
+
+def _zero_hint(stage, world_size, got):
+    """Which parts the answer sharded, when its number matches some choice of them."""
+    kept = _listed(list(_PARTS)[: 3 - stage])  # stage 1 shards the optimizer state, 2 the grads too
+    if world_size == 1:
+        return (f"on 1 rank nothing is split: it holds every byte of 2 + 2 + 12 per parameter, "
+                f"and your number has {16 - got:g} fewer")
+    for mask in range(8):
+        sharded = [part for bit, part in enumerate(_PARTS) if mask >> bit & 1]
+        value = sum(size / world_size if part in sharded else size for part, size in _PARTS.items())
+        if abs(value - got) < 1e-9:
+            return (f"your number is what a rank holds when {_listed(sharded)} "
+                    f"{'is' if len(sharded) < 2 else 'are'} split over the {world_size} ranks; at "
+                    f"stage {stage} each rank keeps {kept} whole")
+    return (f"at stage {stage} each rank keeps {kept} whole and a 1/{world_size} share of the "
+            f"rest, of 2 + 2 + 12 bytes per parameter")
+
+
+def _listed(parts):
+    return "nothing" if not parts else " and ".join([", ".join(parts[:-1]), parts[-1]] if
+                                                       len(parts) > 1 else parts)
 
 
 def _shards_one_stage_too_many(stage, world_size):
@@ -135,7 +163,12 @@ def check_recipes_that_fit(recipes_that_fit):
     for n_parameters, gpu_memory_bytes, world_size, activation_bytes in FIT_CASES:
         call = (f"recipes_that_fit({n_parameters:_}, {gpu_memory_bytes // GiB} * GiB, "
                 f"world_size={world_size}, activation_bytes={activation_bytes // GiB} * GiB)")
-        got = recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, activation_bytes)
+        with calls_of(fitting_recipes) as called:
+            got = recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, activation_bytes)
+        expect(not called, f"what {call} called", "your own judgement of each recipe",
+               "the library's fitting_recipes" if called else "",
+               "fitting_recipes is the library's answer to this exercise: decide for each recipe "
+               "yourself whether its estimate fits")
         expected = reference_recipes_that_fit(n_parameters, gpu_memory_bytes, world_size,
                                               activation_bytes)
         try:
@@ -145,13 +178,26 @@ def check_recipes_that_fit(recipes_that_fit):
                                "keep the Recipe tuples of RECIPES that fit") from None
         missing = [recipe for recipe in expected if recipe not in got]
         extra = [recipe for recipe in got if recipe not in expected]
-        expect(not missing and not extra, call, f"{len(expected)} recipes",
-               f"{len(got)} recipes; missing {_short(missing)}; should not fit {_short(extra)}",
-               "for each recipe, estimate_memory(n_parameters, recipe.optimizer, "
-               "recipe.precision, recipe.strategy, world_size, activation_bytes) and keep it "
-               "when .fits(gpu_memory_bytes)")
+        if missing or extra:
+            raise GradingError(call, f"{len(expected)} recipes", f"{len(got)} recipes; missing "
+                               f"{_short(missing)}; should not fit {_short(extra)}",
+                               _fit_hint(missing, extra, n_parameters, gpu_memory_bytes,
+                                         world_size, activation_bytes))
         expect(got == expected, call, "the recipes in RECIPES' order", _short(got),
-               "loop over RECIPES in order")
+               "the right recipes, in another order than RECIPES'")
+
+
+def _fit_hint(missing, extra, n_parameters, gpu_memory_bytes, world_size, activation_bytes):
+    """The first recipe judged wrong, with its estimate per rank against the card."""
+    recipe = (missing or extra)[0]
+    estimate = estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
+                               world_size, activation_bytes)
+    sharded = estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
+                              world_size)
+    return (f"{recipe.precision}/{recipe.optimizer}/{recipe.strategy} on {world_size} ranks holds "
+            f"{estimate.total / GiB:.1f} GiB per rank ({sharded.total / GiB:.1f} GiB of model "
+            f"state + {activation_bytes / GiB:.0f} GiB of activations) against "
+            f"{gpu_memory_bytes / GiB:.0f} GiB: it {'fits' if recipe in missing else 'does not fit'}")
 
 
 def _short(recipes):
@@ -161,17 +207,23 @@ def _short(recipes):
     return ", ".join(names) + (f" and {len(recipes) - 3} more" if len(recipes) > 3 else "")
 
 
+def _judged_in_a_loop(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
+    """The recipes that fit, judged one by one (the wrong answers below change one input)."""
+    return [recipe for recipe in RECIPES
+            if estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
+                               world_size, activation_bytes).fits(gpu_memory_bytes)]
+
+
 def _fit_ignoring_activations(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return reference_recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, 0)
+    return _judged_in_a_loop(n_parameters, gpu_memory_bytes, world_size, 0)
 
 
 def _fit_without_world_size(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return reference_recipes_that_fit(n_parameters, gpu_memory_bytes, 1, activation_bytes)
+    return _judged_in_a_loop(n_parameters, gpu_memory_bytes, 1, activation_bytes)
 
 
 def _first_that_fits(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return reference_recipes_that_fit(n_parameters, gpu_memory_bytes, world_size,
-                                      activation_bytes)[:1]
+    return _judged_in_a_loop(n_parameters, gpu_memory_bytes, world_size, activation_bytes)[:1]
 
 
 def _fit_counting_gb_as_gib(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
@@ -179,6 +231,24 @@ def _fit_counting_gb_as_gib(n_parameters, gpu_memory_bytes, world_size, activati
             if estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
                                world_size, activation_bytes).total / 10**9
             <= gpu_memory_bytes / GiB]
+
+
+def _fit_by_calling_the_library(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
+    return fitting_recipes(n_parameters, gpu_memory_bytes, world_size, activation_bytes)
+
+
+def _fit_by_the_library_imported_inside(n_parameters, gpu_memory_bytes, world_size,
+                                        activation_bytes):
+    from course_lib.topics import memory
+
+    return list(memory.fitting_recipes(n_parameters, gpu_memory_bytes, world_size,
+                                       activation_bytes, memory.RECIPES))
+
+
+def _zero_bytes_from_the_estimator(stage, world_size):
+    n_parameters = 2**40
+    return estimate_memory(n_parameters, "adam", "bf16-mixed", STAGE_STRATEGIES[stage],
+                           world_size).total / n_parameters
 
 
 def _recipes_stub(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
@@ -191,6 +261,7 @@ WRONG_ANSWERS = {
                      _shards_one_stage_too_many),
         wrong_answer("forgets the fp32 master copy of the weights", _forgets_master_copy),
         wrong_answer("stage 3 keeps the weights whole", _stage3_keeps_weights),
+        wrong_answer("calls the library's estimate_memory", _zero_bytes_from_the_estimator),
         wrong_answer("the stub", _zero_stub),
     ],
     check_largest_batch: [
@@ -200,12 +271,19 @@ WRONG_ANSWERS = {
         wrong_answer("one short (a strict inequality)", REFERENCE_LARGEST_BATCH - 1),
         wrong_answer("per-sample bytes from a batch of 1, where the scalar weighs", 818),
         wrong_answer("not rounded", 821.85),
+        wrong_answer("the budget taken as 1 MiB (2**20 bytes)", 865),
+        wrong_answer("a round guess", 800),
+        wrong_answer("the bytes of the step, not the number of samples", 999_052),
+        wrong_answer("the bytes per sample counted in float32 values (278), not bytes", 3287),
     ],
     check_recipes_that_fit: [
         wrong_answer("ignores the activations", _fit_ignoring_activations),
         wrong_answer("estimates every recipe on one rank (no sharding)", _fit_without_world_size),
         wrong_answer("returns only the first recipe that fits", _first_that_fits),
         wrong_answer("compares GB of model state with GiB of memory", _fit_counting_gb_as_gib),
+        wrong_answer("returns the library's fitting_recipes", _fit_by_calling_the_library),
+        wrong_answer("the library's fitting_recipes, imported inside the function",
+                     _fit_by_the_library_imported_inside),
         wrong_answer("the stub", _recipes_stub),
     ],
 }

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from course_lib import make_dataset, make_model
+from course_lib.training.checkpoint import write_atomically  # temporary file, fsync, rename
 
 SAMPLES = 256
 GLOBAL_BATCH_SIZE = 32  # samples per optimizer step, over all ranks
@@ -114,11 +115,11 @@ def train(args, distributed, rank, world_size, device):
                     print(f"epoch {epoch} step {micro_step // grad_accum_steps} "
                           f"loss {step_loss.item():.6f}", flush=True)
                 step_loss.zero_()
-        # Step 12: rank 0 alone saves the checkpoint, of the model without its DDP wrapper
+        # Step 12: rank 0 alone saves, the model without its DDP wrapper, atomically (lesson 07)
         if rank == 0:
             unwrapped = model.module if distributed else model
-            torch.save({"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "epoch": epoch}, args.checkpoint)
+            write_atomically({"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict(),
+                              "scaler": scaler.state_dict(), "epoch": epoch}, args.checkpoint)
             print(f"epoch {epoch} saved {args.checkpoint}", flush=True)
 
 

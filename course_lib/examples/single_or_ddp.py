@@ -14,7 +14,10 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  before init_process_group, as in ddp_train.py
+# torch.distributed.nn keeps the default group as a default argument; DDP's constructor imports it.
+# Imported before the group exists it holds none, so destroy_process_group() ends gloo's threads
+# and none is left to abort the exit (lesson 04, 'Shutting down cleanly').
+import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -27,16 +30,28 @@ def setup():
     """(distributed, rank, world_size, device): from torchrun's environment, else one process."""
     if "RANK" not in os.environ:  # plain `python script.py`: no process group at all
         return False, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    local_rank, local_world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    # One GPU per process: NCCL. This counts the GPUs this process sees; a scheduler that gives
-    # each process its own CUDA_VISIBLE_DEVICES shows it one, so there test device_count() >= 1
-    # and use device 0.
-    if torch.cuda.device_count() >= local_world_size:
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl")
-        return True, dist.get_rank(), dist.get_world_size(), torch.device("cuda", local_rank)
-    dist.init_process_group("gloo")
-    return True, dist.get_rank(), dist.get_world_size(), torch.device("cpu")
+    device = device_for_this_process(int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)  # binds this process to its GPU
+    else:
+        dist.init_process_group("gloo")
+    return True, dist.get_rank(), dist.get_world_size(), device
+
+
+def device_for_this_process(local_rank: int, local_world_size: int) -> torch.device:
+    """One GPU per process: local rank r takes GPU r when the node's GPUs are all visible, GPU 0
+    when a scheduler gave each process its own (CUDA_VISIBLE_DEVICES); the CPU without GPUs."""
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        return torch.device("cpu")
+    if gpus >= local_world_size:
+        return torch.device("cuda", local_rank)
+    if gpus == 1:  # its own GPU; if the processes share one, NCCL refuses with 'Duplicate GPU'
+        return torch.device("cuda", 0)
+    raise RuntimeError(f"{local_world_size} processes on this node but this one sees {gpus} GPUs: "
+                       f"NCCL needs one GPU per process; start --nproc_per_node={gpus}, or give "
+                       f"each process its own GPU with CUDA_VISIBLE_DEVICES")
 
 
 def train(distributed, world_size, device, epochs=2, global_batch_size=64, lr=0.5):
@@ -81,7 +96,7 @@ def main(argv=None) -> int:
                     json.dump(losses, file)
     finally:
         if distributed:
-            gc.collect()  # free the DDP wrapper (a reference cycle) before the group: ddp_train.py
+            gc.collect()  # free the DDP model (a reference cycle) before its process group
             dist.destroy_process_group()
     return 0
 

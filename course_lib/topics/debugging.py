@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -39,17 +40,26 @@ def dump_collectives_after(seconds: float, folder: str) -> None:
     timer.start()
 
 
+def _entries(dump: dict) -> list:
+    return [(entry["collective_seq_id"], entry["profiling_name"], entry["input_sizes"],
+             entry["input_dtypes"], "completed" if entry["retired"] else entry["state"])
+            for entry in dump["entries"]]
+
+
+def collectives_recorded_here() -> list:
+    """In a rank: [(call number, op, input sizes, dtypes, state)] its flight recorder holds now."""
+    import torch._C._distributed_c10d as c10d
+
+    return _entries(pickle.loads(c10d._dump_fr_trace()))
+
+
 def recorded_collectives(folder: str) -> dict:
     """{rank: [(call number, op, input shapes, dtypes, state)]} from the dumps in `folder`."""
     table = {}
     for name in sorted(os.listdir(folder)):
         if name.startswith(TRACE_PREFIX):
             with open(os.path.join(folder, name), "rb") as file:
-                entries = pickle.load(file)["entries"]
-            table[int(name[len(TRACE_PREFIX):])] = [
-                (entry["collective_seq_id"], entry["profiling_name"], entry["input_sizes"],
-                 entry["input_dtypes"], "completed" if entry["retired"] else entry["state"])
-                for entry in entries]
+                table[int(name[len(TRACE_PREFIX):])] = _entries(pickle.load(file))
     return table
 
 
@@ -187,10 +197,11 @@ def add_noise_broken(X, step, seed=0):
 
 
 def add_noise(X, step, seed=0):
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    # a seed of its own for each (seed, step, rank): no two ranks or steps share their noise
-    generator = torch.Generator().manual_seed(1000 * seed + step * world_size + rank)
-    return X + 0.1 * torch.randn(X.shape, generator=generator)
+    # one stream per (seed, step, rank): NumPy's SeedSequence mixes all three numbers, whatever
+    # their size, into the generator's 128-bit state. torch's CPU generator keeps only 32 bits of
+    # a seed, and a sum like 1000 * seed + step * world_size + rank repeats at step 500.
+    generator = np.random.default_rng([seed, step, dist.get_rank()])
+    return X + 0.1 * torch.from_numpy(generator.standard_normal(tuple(X.shape))).to(X.dtype)
 
 
 # -- exercise 6: the steps wait for data --------------------------------------------------------

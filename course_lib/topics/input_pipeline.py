@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..training.data import make_dataset
+from .timing import clock_now, seal, sealed_here
 
 READ_SECONDS = 0.001  # per sample: like reading a file; a sleep frees the CPU and the GIL
 NEIGHBOURS = 8
@@ -78,11 +79,37 @@ def device_step(seconds: float):
     return lambda batch: time.sleep(seconds)
 
 
-def measure_data_wait(loader, step, steps: int = 20, warmup: int = 10) -> dict:
+class DataWait(dict):
+    """Seconds per phase, {"data": ..., "compute": ...}, with the raw records they were added up
+    from: `steps`, (started, loaded, finished) on time.perf_counter() for each measured step;
+    `clock`, (time.time(), time.perf_counter()) read together at the start and at the end; and
+    what was measured: `batch_sizes`, `num_workers`, `dataset` (its type's name). Only
+    measure_data_wait makes one, sealed (topics.timing.seal): `recorded_here()` says whether it
+    was made in this session and is unchanged since."""
+
+    steps: list
+    clock: tuple
+    batch_sizes: list
+    num_workers: int
+    dataset: str
+    seal: str
+
+    def facts(self) -> tuple:
+        return self.steps, self.clock, self.batch_sizes, self.num_workers, self.dataset
+
+    def recorded_here(self) -> bool:
+        return sealed_here(self, self.facts())
+
+
+def measure_data_wait(loader, step, steps: int = 20, warmup: int = 10) -> DataWait:
     """Run `step(batch)` over `warmup + steps` batches of `loader`; returns the seconds of the
-    last `steps` spent waiting for a batch ("data") and in the step ("compute").
-    Stops the loader's workers when done."""
-    times = {"data": 0.0, "compute": 0.0}
+    last `steps` spent waiting for a batch ("data") and in the step ("compute"), with the
+    records of each step (a DataWait). Stops the loader's workers when done."""
+    times = DataWait(data=0.0, compute=0.0)
+    times.steps, times.batch_sizes = [], []
+    times.num_workers = getattr(loader, "num_workers", 0)
+    times.dataset = type(getattr(loader, "dataset", loader)).__name__
+    start_clock = clock_now()
     batches = iter(loader)
     try:
         for index in range(warmup + steps):
@@ -91,11 +118,26 @@ def measure_data_wait(loader, step, steps: int = 20, warmup: int = 10) -> dict:
             loaded = time.perf_counter()
             step(batch)
             if index >= warmup:
+                finished = time.perf_counter()
                 times["data"] += loaded - started
-                times["compute"] += time.perf_counter() - loaded
+                times["compute"] += finished - loaded
+                times.steps.append((started, loaded, finished))
+                times.batch_sizes.append(_batch_size(batch))
     finally:
         shutdown_workers(loader, batches)
+    times.clock = (start_clock, clock_now())
+    times.seal = seal(times.facts())
     return times
+
+
+def _batch_size(batch):
+    """How many samples a batch holds: the length of its first tensor."""
+    while isinstance(batch, (list, tuple, dict)) and len(batch):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    try:
+        return len(batch)
+    except TypeError:  # a number, or a 0-d tensor
+        return None
 
 
 def data_wait_share(phase_times: dict) -> float:

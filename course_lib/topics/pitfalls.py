@@ -1,11 +1,15 @@
 """The pitfalls clinic's snippets: each broken version (``*_broken``) next to its reference fix,
-`diagnosis`, which prints a failed run's error as the few lines that name the cause, and two
-probes: SyncBatchNorm's collectives on CPU ranks, and the seed each DataLoader worker starts from.
+`diagnosis`, which prints a failed run's error as the few lines that name the cause, a slow shared
+disk to save on, and two probes: SyncBatchNorm's collectives on CPU ranks, and the seed each
+DataLoader worker starts from. The broken versions' comments say what the code means to do, not
+what is wrong with it: lesson 08's learner finds that from the run.
 """
 import contextlib
+import io
 import os
 import re
 import textwrap
+import time
 from unittest import mock
 
 import torch
@@ -61,9 +65,9 @@ def _message(traceback_text: str) -> str:
 
 def log_mean_loss_broken(loss: torch.Tensor) -> torch.Tensor:
     """Print the mean of `loss` over all ranks, from rank 0 only; return it."""
-    if dist.get_rank() == 0:
-        dist.all_reduce(loss)                  # rank 1 never calls it: rank 0 waits for it
-        loss = loss / dist.get_world_size()
+    if dist.get_rank() == 0:                   # one log line per step, not one per rank
+        dist.all_reduce(loss)                  # the sum over the ranks...
+        loss = loss / dist.get_world_size()    # ...made a mean
         print(f"mean loss {loss.item():.4f}")
     return loss
 
@@ -81,7 +85,7 @@ def log_mean_loss(loss: torch.Tensor) -> torch.Tensor:
 # -- 2. parameters that get no gradient ---------------------------------------------------------
 
 def wrap_model_broken(model: torch.nn.Module) -> torch.nn.Module:
-    return DDP(model)  # the second backward fails: unused_head never got a gradient
+    return DDP(model)
 
 
 def wrap_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -96,9 +100,9 @@ def indices_per_epoch_broken(dataset, epochs: int = 3, batch_size: int = 4) -> l
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     seen = []
-    for epoch in range(epochs):                 # the sampler shuffles with seed + epoch...
+    for epoch in range(epochs):                 # each rank its share, shuffled
         seen.append([i for (batch,) in loader for i in batch.tolist()])
-    return seen                                  # ...but its epoch stays 0: one order, always
+    return seen
 
 
 def indices_per_epoch(dataset, epochs: int = 3, batch_size: int = 4) -> list:
@@ -111,9 +115,15 @@ def indices_per_epoch(dataset, epochs: int = 3, batch_size: int = 4) -> list:
     return seen
 
 
-# -- 4. every rank saving -----------------------------------------------------------------------
+# -- 4. rank 0 saves, the others read ----------------------------------------------------------
 
 def save_checkpoint_broken(model: torch.nn.Module, path: str) -> None:
+    """Save the model's weights to `path`; the ranks hold the same weights: one writer is enough."""
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), path)
+
+
+def save_checkpoint_everywhere(model: torch.nn.Module, path: str) -> None:
     torch.save(model.state_dict(), path)         # every rank writes the same file at once
 
 
@@ -122,6 +132,33 @@ def save_checkpoint(model: torch.nn.Module, path: str) -> None:
     if dist.get_rank() == 0:
         torch.save(model.state_dict(), path)
     dist.barrier()
+
+
+@contextlib.contextmanager
+def slow_disk(seconds: float = 1.0, rank: int = 0, pieces: int = 2):
+    """In a rank: while inside, `torch.save` on `rank` writes as a busy shared file system does:
+    the file in `pieces` flushed pieces over `seconds` (it exists, torn, meanwhile).
+    Yields a list that receives when each of that rank's saves ended (time.perf_counter())."""
+    real_save, saves_ended = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        if dist.get_rank() != rank:
+            return real_save(obj, f, *args, **kwargs)
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        size = -(-len(data) // pieces)
+        with contextlib.ExitStack() as stack:
+            file = stack.enter_context(open(f, "wb")) if isinstance(f, (str, os.PathLike)) else f
+            for start in range(0, len(data), size):
+                if start:
+                    time.sleep(seconds / (pieces - 1))
+                file.write(data[start:start + size])
+                file.flush()  # the bytes so far are in the file, for any reader to see
+        saves_ended.append(time.perf_counter())
+
+    with mock.patch.object(torch, "save", save):
+        yield saves_ended
 
 
 # -- 5. SyncBatchNorm's collectives, on the CPU -------------------------------------------------

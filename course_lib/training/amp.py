@@ -27,7 +27,8 @@ def has_native_bf16(device: torch.device) -> bool:
 
 
 def choose_amp(device: torch.device) -> str:
-    """The amp mode for `device`: "bf16" (no scaler) where it runs natively, "fp16" (with a
+    """The amp mode for `device`: "bf16" (no scaler) on CPUs (autocast's CPU dtype, native only
+    with AVX512-BF16 or AMX) and on GPUs that run it natively (Ampere on), "fp16" (with a
     GradScaler) on CUDA GPUs before Ampere, whose tensor cores (Volta, Turing) take fp16 only."""
     device = torch.device(device)
     if device.type == "cuda" and not has_native_bf16(device):

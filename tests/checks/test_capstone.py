@@ -19,9 +19,11 @@ import pytest
 from course_lib.authoring.cells import is_solution_only
 from course_lib.checks import GradingError, passed_line
 from course_lib.checks import lesson14
-from course_lib.checks.lesson14 import (EVERY_RANK_SAVES, NCCL_ON_THE_CPU, NO_PROCESS_GROUP,
-                                        ScriptFile, check_capstone, edited_reference,
-                                        write_edited_reference)
+from course_lib.checks.capstone_oracle import EPOCHS, STEPS_PER_EPOCH, oracle
+from course_lib.checks.edited_scripts import (EVERY_RANK_SAVES, NCCL_ON_THE_CPU, NO_PROCESS_GROUP,
+                                              RENAMES_UNSYNCED, SAVES_IN_PLACE, ScriptFile,
+                                              edited_reference, write_edited_reference)
+from course_lib.checks.lesson14 import check_capstone
 from course_lib.examples import capstone_ddp
 from course_lib.topics.cluster import _descendants
 
@@ -41,14 +43,14 @@ WRONG_CONVERSIONS = {  # name: (edits to the reference, what the message must sa
     "no set_epoch": ([("            sampler.set_epoch(epoch)  # this epoch's order, the same on "
                        "every rank\n", "            pass\n")],
                      r"the sampler gives rank 0 in epoch 1 the same indices, in the same order, "
-                     r"as in epoch 0[\s\S]*set_epoch"),
+                     r"as in epoch 0[\s\S]*until the loop tells it"),
     "no DistributedSampler": (
         [("sampler = (DistributedSampler(dataset, seed=SEED) if distributed\n"
           "               else RandomSampler(dataset, generator=order))",
           "sampler = RandomSampler(dataset, generator=order)"),
          ("        if distributed:\n            sampler.set_epoch(epoch)", "        if False:\n"
                                                                             "            pass")],
-        r"the sampler gives both ranks the same indices[\s\S]*sampler=DistributedSampler"),
+        r"the sampler gives both ranks the same indices[\s\S]*1/world_size"),
     "no DDP wrapper": (
         [("        model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)",
           "        pass"), (NO_SYNC, "with nullcontext():"), SAVE_WRAPPED],
@@ -58,9 +60,10 @@ WRONG_CONVERSIONS = {  # name: (edits to the reference, what the message must sa
     "grad_accum_steps ignores world_size": (
         [("grad_accum_steps = GLOBAL_BATCH_SIZE // (MICRO_BATCH_SIZE * world_size)",
           "grad_accum_steps = GLOBAL_BATCH_SIZE // MICRO_BATCH_SIZE")],
-        r"rank 0 took 8 optimizer steps[\s\S]*grad_accum_steps must count world_size"),
+        r"rank 0 took 8 optimizer steps[\s\S]*must count the ranks"),
     "rank 0 logs its own loss": ([(LOSS_ALL_REDUCE, "")],
-                                 r"rank 0 printed the loss of its own share[\s\S]*ReduceOp.AVG"),
+                                 r"rank 0 printed the loss of its own share[\s\S]*takes every "
+                                 r"rank's"),
     "every rank prints": ([("                if rank == 0:\n                    print(",
                             "                if True:\n                    print(")],
                           r"rank 1 also printed the losses"),
@@ -82,8 +85,11 @@ WRONG_CONVERSIONS = {  # name: (edits to the reference, what the message must sa
           '    if os.path.exists(args.checkpoint) and os.environ.get("RANK", "0") == "0":')],
         r"rank 0 started at epoch 2, rank 1 started at epoch 0[\s\S]*every rank must load"),
     "DDP without a process group": ([NO_PROCESS_GROUP], r"Default process group has not been "
-                                                        r"initialized[\s\S]*init_process_group"),
-    "NCCL on the CPU": ([NCCL_ON_THE_CPU], r"NCCL[\s\S]*gloo and the CPU"),
+                                                        r"initialized[\s\S]*never made"),
+    "NCCL on the CPU": ([NCCL_ON_THE_CPU], r"NCCL[\s\S]*without asking whether each rank has"),
+    "rank 0 saves in place": ([SAVES_IN_PLACE], r"rank 0 wrote checkpoint.pt in place"),
+    "renamed before fsync": (RENAMES_UNSYNCED, r"renamed checkpoint.pt.tmp onto checkpoint.pt "
+                                               r"before its bytes were on disk"),
 }
 
 # nanoGPT's shape: one flat script, `ddp` from RANK, require_backward_grad_sync set by hand, the
@@ -161,8 +167,11 @@ for epoch in range(start_epoch, args.epochs):
         for step, loss in enumerate(losses.tolist()):
             print(f"epoch {epoch} step {step} loss {loss:.6f}")
         partial = args.checkpoint + ".partial"
-        torch.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(), "epoch": epoch}, partial)
+        with open(partial, "wb") as file:
+            torch.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(), "epoch": epoch}, file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(partial, args.checkpoint)
     if ddp:
         dist.barrier()
@@ -317,8 +326,8 @@ def test_the_oracle_is_what_train_py_prints_on_one_device(tmp_path):
                           capture_output=True, timeout=240)
     assert done.returncode == 0, done.stderr
     printed = [float(match[1]) for match in re.finditer(r"loss (\S+)", done.stdout)]
-    losses, shares = lesson14.oracle()
+    losses, shares = oracle()
     expected = [loss for epoch in sorted(losses) for loss in losses[epoch]]
-    assert len(printed) == len(expected) == lesson14.EPOCHS * lesson14.STEPS_PER_EPOCH
+    assert len(printed) == len(expected) == EPOCHS * STEPS_PER_EPOCH
     assert max(abs(a - b) for a, b in zip(printed, expected)) < lesson14.LOSS_ATOL
     assert shares[0][0][0] != losses[0][0]  # a rank's share of a batch is not the whole batch

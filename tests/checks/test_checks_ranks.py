@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checks import GradingError, grader
-from course_lib.checks.ranks import run_on_ranks
+from course_lib.checks.ranks import failure_verdict, run_on_ranks, without_grader_frames
+from course_lib.runtime.shared.errors import DistributedRunError, RankFailure
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,3 +49,48 @@ def test_a_crash_names_the_rank_and_its_error():
 
     with pytest.raises(GradingError, match="rank 1 in your function: ValueError: bad value"):
         run_on_ranks(crash, what="crash", hang_hint="h")
+
+
+def test_a_rank_that_left_early_is_named_by_the_launchers_diagnosis():
+    def one_sided():
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(GradingError) as info:
+        run_on_ranks(one_sided, what="one_sided", hang_hint="h", timeout=30)
+    got = info.value.got
+    assert got.startswith("rank 1 finished after 0 collectives; rank 0 wait"), got
+    assert "GLHF" not in got and info.value.details.splitlines()[-1].startswith("  rank 0: ")
+
+
+CHECKS_FRAME = "/site-packages/course_lib/checks/lesson04.py"
+RANK_TRACEBACK = f"""Traceback (most recent call last):
+  File "{CHECKS_FRAME}", line 40, in _run_train_step
+    train_step_by_hand(model, optimizer, X, y)
+  File "Cell In[12], line 7", in train_step_by_hand
+    dist.broadcast(torch.zeros(3), src=0)
+  File "/site-packages/torch/distributed/distributed_c10d.py", line 2800, in broadcast
+    work.wait()
+ValueError: my mistake
+"""
+
+
+def test_a_crash_shows_the_ranks_own_traceback_without_the_graders_frames_and_gloo_last():
+    lost = "RuntimeError: [pair.cc:537] Read error: Connection reset by peer. GLHF!"
+    error = DistributedRunError(
+        {0: RankFailure(0, "running", lost, traceback="...", when=2.0),
+         1: RankFailure(1, "running", "ValueError: my mistake", traceback=RANK_TRACEBACK, when=1.0)},
+        world_size=2, diagnosis="rank 1 failed after 0 collectives (ValueError: my mistake); "
+                                "rank 0 waited in its 1st (broadcast float32[3])")
+    got, details = failure_verdict(error)
+    assert got.startswith("rank 1 failed after 0 collectives")
+    assert CHECKS_FRAME not in details and "train_step_by_hand(model" not in details
+    assert 'File "Cell In[12], line 7", in train_step_by_hand' in details
+    assert "ValueError: my mistake" in details
+    assert details.splitlines()[-1] == f"  rank 0: {lost}"  # gloo's words come last
+
+
+def test_without_grader_frames_keeps_the_header_the_learners_frames_and_the_error():
+    kept = without_grader_frames(RANK_TRACEBACK).splitlines()
+    assert kept[0] == "Traceback (most recent call last):" and kept[-1] == "ValueError: my mistake"
+    assert len(kept) == len(RANK_TRACEBACK.splitlines()) - 2

@@ -12,9 +12,21 @@ def test_write_atomically_passes_the_atomic_save_grader(capsys):
     assert capsys.readouterr().out.splitlines() == [passed_line("atomic save")] * 2
 
 
-def test_accumulate_with_no_sync_passes_the_accumulation_grader(capsys):
-    lesson05.check_train_with_accumulation(accumulate_with_no_sync)
+def test_accumulate_with_no_sync_trains_right_but_is_not_an_answer(capsys):
+    # the library's loop, as a function of its own (another code object): right, so it passes
+    import types
+
+    import pytest
+
+    from course_lib.checks import GradingError
+
+    copy = types.FunctionType(accumulate_with_no_sync.__code__.replace(co_name="my_loop"),
+                              accumulate_with_no_sync.__globals__)
+    lesson05.check_train_with_accumulation(copy)
     assert capsys.readouterr().out.splitlines() == [passed_line("accumulation with no_sync")]
+    # a learner who hands the exercise to the library's own function, under any name, does not
+    with pytest.raises(GradingError, match="accumulate_with_no_sync"):
+        lesson05.check_train_with_accumulation(lambda *args: accumulate_with_no_sync(*args))
 
 
 def test_lesson13s_reference_fixes_pass_their_graders(capsys):

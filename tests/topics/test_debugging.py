@@ -32,8 +32,10 @@ def test_the_lesson_shows_the_broken_run_its_grader_rejects(broken):
 
 
 def _mismatched_after_a_dump(folder):
-    debugging.dump_collectives_after(1.0, folder)
     dist.all_reduce(torch.ones(3))
+    # timed from here, not from the rank's start: a rank slow to start (a loaded machine) would
+    # otherwise dump before it issued its second collective
+    debugging.dump_collectives_after(1.5, folder)
     if dist.get_rank() == 0:
         dist.all_reduce(torch.ones(2))
     else:
@@ -44,7 +46,7 @@ def _mismatched_after_a_dump(folder):
 def test_the_dumps_read_like_nccls_and_torchfrtrace_names_the_mismatch():
     with tempfile.TemporaryDirectory() as folder:
         with pytest.raises(DistributedRunError):
-            launch(_mismatched_after_a_dump, folder, backend="gloo", timeout=3, output="none")
+            launch(_mismatched_after_a_dump, folder, backend="gloo", timeout=8, output="none")
         recorded = debugging.recorded_collectives(folder)
         assert [[(seq, op) for seq, op, *_ in entries] for _, entries in sorted(recorded.items())] == [
             [(1, "gloo:all_reduce"), (2, "gloo:all_reduce")],

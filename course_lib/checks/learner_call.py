@@ -1,0 +1,30 @@
+"""Calling a learner's function for a grader: a crash becomes a verdict that quotes it, and a call
+of the course's own answer to the exercise (seen by checks/call_watch.py, whatever name it was
+imported under) is refused: the exercise asks the learner to write that part.
+"""
+from . import expect
+from .call_watch import calls_of
+
+
+def library_call_hint(name: str, exercise: str) -> str:
+    """The hint for an answer that hands the work to the course's own `name`."""
+    return (f"your function called the course's own {name}: {exercise} asks you to write that "
+            f"part yourself (the check sees which functions run, whatever name they go by)")
+
+
+def call_learner(function, *args, what: str, hint: str = "", written_by_you=None):
+    """The learner's function's result; a crash becomes a GradingError that quotes it, and a
+    call of the course's `written_by_you` (the exercise's own answer) a GradingError too."""
+    watched = [written_by_you] if written_by_you else []
+    try:
+        with calls_of(*watched) as called:
+            result = function(*args)
+    except NotImplementedError:
+        raise  # the @grader decorator turns the stub into advice
+    except Exception as error:
+        expect(False, what, "a result", f"{type(error).__name__}: {error}"[:300], hint)
+    if called:
+        name = f"{written_by_you.__module__}.{called[0]}"
+        expect(False, what, f"your own {called[0]}", f"a call of {name}",
+               library_call_hint(name, "this exercise"))
+    return result

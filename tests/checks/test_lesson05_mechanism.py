@@ -1,0 +1,27 @@
+"""Lesson 05's grader sees no_sync at work: which micro-batch's backward all-reduced (the count at
+every forward), one forward per micro-batch, and the loop written by the learner, not the
+course's accumulate_with_no_sync under another name."""
+import pytest
+
+from course_lib.checks import GradingError, lesson05
+
+
+def wrong(description):
+    [answer] = [w for w in lesson05.WRONG_ANSWERS[lesson05.check_train_with_accumulation]
+                if w.description == description]
+    return answer.args[0]
+
+
+@pytest.mark.parametrize("description, what", [
+    ("syncs on the first micro-batch of each step too",
+     "DDP's all-reduces after micro-batch 1 of 4 in optimizer step 0 on rank 0"),
+    ("no_sync on every micro-batch: never syncs",
+     "DDP's all-reduces after micro-batch 4 of 4 in optimizer step 0 on rank 0"),
+    ("one forward of the whole group per step", "the model's forwards on rank 0"),
+    ("calls the course's accumulate_with_no_sync", "train_with_accumulation on 2 ranks"),
+])
+def test_the_grader_names_the_micro_batch_or_the_call(description, what):
+    with pytest.raises(GradingError) as caught:
+        lesson05.check_train_with_accumulation(wrong(description))
+    assert caught.value.what.startswith(what)
+    assert "no_sync()" not in caught.value.hint  # the hint says what happened, not what to type

@@ -1,0 +1,25 @@
+"""Lesson 08's reference fixes (course_lib.topics.pitfalls, which the notebook runs after each
+exercise) pass their graders; each broken snippet, declared a wrong answer, does not."""
+import pytest
+
+from course_lib.checks import lesson08, passed_line
+from course_lib.topics import pitfalls
+
+pytestmark = pytest.mark.timeout(300)
+
+REFERENCES = [(lesson08.check_log_mean_loss, pitfalls.log_mean_loss),
+              (lesson08.check_wrap_model, pitfalls.wrap_model),
+              (lesson08.check_indices_per_epoch, pitfalls.indices_per_epoch),
+              (lesson08.check_save_checkpoint, pitfalls.save_checkpoint)]
+
+
+@pytest.mark.parametrize("check, reference", REFERENCES, ids=lambda value: value.__name__)
+def test_reference_fix_passes(check, reference, capsys):
+    check(reference)
+    assert capsys.readouterr().out == passed_line(check.exercise) + "\n"
+
+
+@pytest.mark.parametrize("check, reference", REFERENCES, ids=lambda value: value.__name__)
+def test_the_broken_snippet_is_a_wrong_answer(check, reference):
+    broken = getattr(pitfalls, reference.__name__ + "_broken")
+    assert any(broken in wrong.args for wrong in lesson08.WRONG_ANSWERS[check])
