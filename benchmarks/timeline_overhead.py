@@ -13,6 +13,13 @@ Two views, both taking turns round after round in one launch, so machine noise h
 "On" records every step: the recorder's marks, and DDP's communication hook (a Python hook in place
 of DDP's built-in C++ all-reduce, which is most of the cost).
 
+Where the cost is, per bucket (this thread's CPU, the fastest of the rounds, so the least noise):
+the all-reduce alone as DDP's C++ path issues it, torch's own Python `allreduce_hook`, and the
+recorder's hook while recording (a bucket, and the last one), each called on one bucket-sized
+buffer and waited for. The recorder's hook does what `allreduce_hook` does (divide, all-reduce,
+one callback on the all-reduce's future, which gloo's thread runs) plus two clock readings; for
+the last bucket it waits itself instead of the callback (see course_lib/training/timeline.py).
+
     python benchmarks/timeline_overhead.py [--nprocs 2] [--rounds 20] [--hidden 512] [--batch-size 64]
 """
 import argparse
@@ -77,11 +84,51 @@ class HandLoop:
         return statistics.median(seconds)
 
 
+class OneBucket:
+    """Stands in for DDP's GradBucket: what the hooks call."""
+
+    def __init__(self, numel: int, last: bool = False):
+        self.tensor, self.last = torch.zeros(numel), last
+
+    def buffer(self):
+        return self.tensor
+
+    def index(self):
+        return 0
+
+    def is_last(self):
+        return self.last
+
+
+def hook_cpu_per_bucket(numel: int, calls: int = 200) -> dict:
+    """This thread's CPU seconds per call of each way to reduce one bucket (each waited for)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    bucket, last, group, options = OneBucket(numel), OneBucket(numel, True), dist.group.WORLD, dist.AllreduceOptions()
+    recorder = TimelineRecorder(None, steps=None)
+    recorder._comm_hook = None  # as _install leaves it for a DDP model without a hook of its own
+    recorder.start()
+    ways = {"all-reduce alone (DDP's C++ path)": lambda: group.allreduce([bucket.tensor], options).get_future(),
+            "torch's allreduce_hook (Python)": lambda: allreduce_hook(None, bucket),
+            "the recorder's hook, a bucket": lambda: recorder._recording_hook(None, bucket),
+            "the recorder's hook, the last bucket": lambda: recorder._recording_hook(None, last)}
+    seconds = {}
+    for name, way in ways.items():
+        dist.barrier()
+        started = time.thread_time()
+        for _ in range(calls):
+            way().wait()
+        seconds[name] = (time.thread_time() - started) / calls
+        recorder._buckets.clear()
+    return seconds
+
+
 def compare(rounds: int, samples: int, hidden: int, batch_size: int, steps: int, warmup_steps: int = 3):
     """On every rank: take turns `rounds` times; returns step times and CPU seconds per step."""
     dataset = make_dataset(samples)
     loops = {OFF: HandLoop(hidden, batch_size, False), ON: HandLoop(hidden, batch_size, True)}
-    wall, cpu = {OFF: [], ON: []}, {OFF: [], ON: []}
+    wall, cpu, hooks = {OFF: [], ON: []}, {OFF: [], ON: []}, []
+    bucket_numel = sum(p.numel() for p in loops[OFF].model.parameters())  # one bucket: the whole model
     for round_index in range(rounds):
         order = (OFF, ON) if round_index % 2 == 0 else (ON, OFF)  # neither always goes first
         for name in order:
@@ -90,7 +137,8 @@ def compare(rounds: int, samples: int, hidden: int, batch_size: int, steps: int,
                               [warmup_steps:])
             dist.barrier()
             cpu[name].append(loops[name].cpu_seconds_per_step(steps))
-    return {"wall": wall, "cpu": cpu}
+        hooks.append(hook_cpu_per_bucket(bucket_numel))
+    return {"wall": wall, "cpu": cpu, "hooks": hooks}
 
 
 def main() -> None:
@@ -129,6 +177,10 @@ def main() -> None:
     fast = {name: statistics.quantiles(pooled[name], n=5)[0] for name in (OFF, ON)}
     print(f"  fastest fifth of steps: off {fast[OFF] * 1e3:.3f} ms, on {fast[ON] * 1e3:.3f} ms, "
           f"ratio {fast[ON] / fast[OFF]:.3f}")
+    print("  per bucket, this thread's CPU (fastest round, slowest rank):")
+    for name in results[0]["hooks"][0]:
+        fastest = max(min(r["hooks"][i][name] for i in rounds) for r in results)
+        print(f"    {name:38s} {fastest * 1e6:6.1f} µs")
     verdict = "met" if ratio <= TARGET else "NOT met"
     print(f"step-time ratio, on / off (median over rounds): {ratio:.3f}  (target <= {TARGET}: {verdict})")
 

@@ -36,8 +36,17 @@ How each phase is known:
   stream, which, says `torch.futures.Future.then`, torch synchronises with the kernels that
   produce the future's value: the event completes when NCCL's all-reduce has.
 - The cost: DDP runs this Python hook instead of its built-in C++ all-reduce for the whole run
-  (DDP takes a hook once, before the first backward), about 35-100 µs a bucket on a CPU
-  (benchmarks/timeline_overhead.py).
+  (DDP takes a hook once, before the first backward): a Python call, a division of the bucket (the
+  C++ path divides while copying gradients in) and a Python callback on the all-reduce's future,
+  which gloo's thread runs. The callback cannot go: a Python hook's Future must hold a Python
+  object (python_comm_hook.cpp asserts `result.isPyObject()`; an all-reduce's own future holds a
+  tensor list), so `then` is what turns it into one. Except for the last bucket on a CPU
+  (`bucket.is_last()`, "the last bucket to allreduce in an iteration" says comm.hpp; reducer.hpp
+  reduces buckets "in a predetermined order", and reads every Future in finalize_backward when
+  backward ends): the hook waits for it itself, notes its end, and returns a finished Future, so
+  no callback on gloo's thread sits between the last all-reduce and the end of backward.
+  benchmarks/timeline_overhead.py measures the hook per bucket against the bare all-reduce, and
+  the whole recording per step.
 - The wait at the end of backward: from the last bucket's hook call (every gradient is computed by
   then) to the end of the backward lap, when DDP has waited for every bucket's future.
 - Under `no_sync()` DDP's forward skips `reducer.prepare_for_backward` (distributed.py,
@@ -45,6 +54,11 @@ How each phase is known:
   reduced: no bucket is all-reduced, the hook is not called, and no all-reduce or wait is recorded.
 - With the course's `dp.DataParallel` (or `nn.DataParallel`), each replica's forward is recorded
   from forward hooks on the wrapped module (replicas share its hooks), one lane per replica thread.
+- A wrapper that keeps its own `events` (course_lib.topics.from_scratch: each collective's launch
+  and completion on the perf_counter clock, reset when its forward starts): each lap takes the
+  completed ones as spans on the "comm" lane: an all-reduce as "allreduce" (its bucket, else its
+  place among the step's collectives, as the bucket), other collectives under their own names.
+  `record_comm(phase, start, end)` adds such a span by hand (a learner's own hooks).
 
 The clocks: each rank's readings around a few tiny all-reduces bound the offset between its clock
 and rank 0's (see `clock_offsets`); every time is then on rank 0's clock, with a stated error bound.
@@ -191,6 +205,7 @@ class TimelineRecorder:
         self._buckets = []    # [bucket, ready mark, end mark, nbytes] of the lap in progress
         self._replicas = []   # (host start, start mark, end mark) of replica forwards in this lap
         self._replica_starts = {}
+        self._event_source, self._events_seen, self._events_taken = None, None, 0
         self._step, self._recording, self._last = -1, False, None
         self._readings = clock_readings(device=self.device) if self.world_size > 1 else []
         self.timeline: Optional[Timeline] = None
@@ -218,9 +233,18 @@ class TimelineRecorder:
                 self._close_buckets(now)
             if self._replicas:
                 self._close_replicas()
+            if self._event_source is not None:
+                self._take_events()
             self._last = now
         if self.timer is not None:
             self.timer.lap(phase)
+
+    def record_comm(self, phase: str, start: float, end: float, bucket: Optional[int] = None,
+                    nbytes: Optional[int] = None) -> None:
+        """A collective of the step in progress, from `start` to `end` (time.perf_counter() seconds,
+        this rank's clock), drawn on the "comm" lane (e.g. from a hand-written DDP's own hooks)."""
+        if self._recording:
+            self._raw.append((self._step, phase, "comm", start, end, bucket, nbytes))
 
     def flush(self) -> dict:
         """The wrapped PhaseTimer's totals (the Trainer's history.phase_times), else {}."""
@@ -258,6 +282,8 @@ class TimelineRecorder:
                     "recorder will call it; with TrainConfig(timeline_steps=N), register none")
             self._comm_hook = comm_hook
             model.register_comm_hook(comm_state, self._recording_hook)
+        elif isinstance(getattr(model, "events", None), list):  # course_lib.topics.from_scratch's
+            self._event_source = model
         elif hasattr(model, "module") and _is_data_parallel(model):
             model.module.register_forward_pre_hook(self._replica_started)
             model.module.register_forward_hook(self._replica_ended)
@@ -266,23 +292,46 @@ class TimelineRecorder:
         return []
 
     def _recording_hook(self, state, bucket):  # DDP checks that the argument is named `bucket`
-        if not self._recording:
-            if self._comm_hook is not None:
-                return self._comm_hook(state, bucket)
-            return _average(state, bucket.buffer()).then(_first_value)
-        buffer = bucket.buffer()
-        record = [bucket.index(), self._mark(), None, buffer.numel() * buffer.element_size()]
-        self._buckets.append(record)
+        # Runs once per bucket per step, as does its callback: kept to a few calls (each call into
+        # torch from Python costs about a microsecond; benchmarks/timeline_overhead.py).
         if self._comm_hook is not None:
-            future, value = self._comm_hook(state, bucket), _the_value
-        else:
-            future, value = _average(state, buffer), _first_value
+            return self._custom_hook(state, bucket)
+        buffer = bucket.buffer()
+        record = [bucket.index(), self._mark(), None, buffer.nbytes] if self._recording else None
+        future = _average(state, buffer)
+        if record is not None:
+            self._buckets.append(record)
+        if bucket.is_last() and not self.on_cuda:
+            # DDP waits for the last bucket as soon as this hook returns: wait here instead, on this
+            # thread, and hand DDP a finished Future; no callback on gloo's thread then delays the
+            # end of backward (one GIL hand-over less). NCCL keeps the callback (its CUDA events).
+            future.wait()
+            if record is not None:
+                record[2] = time.perf_counter()
+            done = torch.futures.Future()
+            done.set_result(buffer)
+            return done
+        if record is None:
+            return future.then(lambda _: buffer)  # the all-reduce is in place: its result is `buffer`
+        mark = self._mark
+
+        def ended(_):
+            record[2] = mark()
+            return buffer
+
+        return future.then(ended)
+
+    def _custom_hook(self, state, bucket):
+        if not self._recording:
+            return self._comm_hook(state, bucket)
+        record = [bucket.index(), self._mark(), None, bucket.buffer().nbytes]
+        self._buckets.append(record)
 
         def ended(future):
             record[2] = self._mark()
-            return value(future)
+            return future.value()
 
-        return future.then(ended)
+        return self._comm_hook(state, bucket).then(ended)
 
     def _close_buckets(self, lap_end) -> None:
         last_ready = None
@@ -304,6 +353,20 @@ class TimelineRecorder:
             if started is not None:
                 ended = self._cuda_mark(torch.cuda.current_device()) if self.on_cuda else time.perf_counter()
                 self._replicas.append((*started, ended))
+
+    def _take_events(self) -> None:
+        """The wrapper's completed collectives since the last lap, in launch order."""
+        events = self._event_source.events
+        if events is not self._events_seen:  # its forward started a new list
+            self._events_seen, self._events_taken = events, 0
+        for event in events[self._events_taken:]:
+            if event.op != "free":
+                if event.completed is None:
+                    break  # still running: the next lap takes it
+                bucket = event.bucket if event.bucket is not None else self._events_taken
+                self.record_comm("allreduce" if event.op == "all_reduce" else event.op, event.started,
+                                 event.completed, bucket, event.nbytes)
+            self._events_taken += 1
 
     def _close_replicas(self) -> None:
         # Replica threads are not numbered by torch: lanes follow the order the replicas started.
@@ -330,7 +393,7 @@ class TimelineRecorder:
 
     def _seconds(self, mark) -> float:
         """A mark as this rank's perf_counter() seconds."""
-        if not self.on_cuda:
+        if not self.on_cuda or isinstance(mark, float):  # a host time (record_comm)
             return mark
         event, host = self._anchors[mark.device.index]
         return host + event.elapsed_time(mark) / 1000.0
@@ -342,19 +405,17 @@ class TimelineRecorder:
                 for step, phase, lane, start, end, bucket, nbytes in self._raw]
 
 
+_SUM = dist.AllreduceOptions() if dist.is_available() else None  # reduceOp: SUM by default
+
+
 def _average(process_group, buffer):
-    """default_hooks.allreduce_hook's work: divide by the group's size, then start a sum all-reduce."""
+    """default_hooks.allreduce_hook's work: divide by the group's size, then start a sum all-reduce.
+
+    `allreduce(tensors, options)` is the first of ProcessGroup.allreduce's overloads: pybind takes
+    it without first trying (and failing) another, about 5 µs less than `allreduce(tensors, op)`."""
     group = process_group if process_group is not None else dist.group.WORLD
     buffer.div_(group.size())
-    return group.allreduce([buffer], dist.ReduceOp.SUM).get_future()  # its value: [buffer]
-
-
-def _first_value(future):
-    return future.value()[0]
-
-
-def _the_value(future):
-    return future.value()
+    return group.allreduce([buffer], _SUM).get_future()  # in place: its value is [buffer]
 
 
 def _build_timeline(gathered: list, backend: str, device_type: str) -> Timeline:

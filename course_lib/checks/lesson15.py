@@ -1,0 +1,240 @@
+"""Graders for lesson 15, DDP built from hooks: one all-reduce per gradient as it is ready, then
+buckets. The DDP graders run your class on 2 and on 3 gloo ranks (course_lib.checks.gradient_sync)
+with a model that has a tied weight, a frozen layer and a buffer, each rank starting from its own
+random weights.
+
+- DDP with overlap: after construction every rank holds rank 0's parameters and buffers; in every
+  step each gradient that needs one is all-reduced exactly once (the tied weight once, the frozen
+  layer never); every all-reduce but the last gradient's starts before backward() has computed the
+  last gradient, and does not block it (while the last rank is held back, the others compute on);
+  finish_gradient_sync() returns only when every all-reduce is done; the weights after each step
+  equal one process's on the global batch, and torch's DDP's on the same shards.
+- the bucket plan: the parameters that need a gradient, each once, from the last registered to
+  the first, a new bucket whenever the next gradient would take the current one past
+  bucket_cap_mb MiB (2**20 bytes); a gradient larger than the cap gets a bucket of its own.
+- DDP with buckets: the same rules, with one all-reduce per bucket of the plan, in the plan's
+  order, each started when its last gradient is ready.
+"""
+from collections import Counter
+
+import torch
+
+from . import GradingError, expect, grader, wrong_answer
+from .gradient_sync import (DELAYED_STEP, TiedNet, close, one_process, parameter_sizes,
+                            state_vector, train_on_rank)
+from .ranks import run_on_ranks
+from . import ddp_mistakes as mistakes
+
+LAUNCH_TIMEOUT_S = 90
+WORLD_SIZES = (2, 3)
+BUCKET_CAPS_MB = {2: 0.001, 3: 0.003}  # per world size: many small buckets, then two
+SAME_COLLECTIVES = ("every rank must start the same all-reduces in the same order, with tensors of "
+                    "the same shape: a rank that waits for a gradient that never comes (one that "
+                    "needs no gradient) hangs the others")
+TIED = "embed.weight (the tied weight: embed and head hold the same tensor)"
+
+
+def _run(ddp_class, ddp_kwargs, world_size, what):
+    return run_on_ranks(train_on_rank, ddp_class, ddp_kwargs, nprocs=world_size, what=what,
+                        timeout=LAUNCH_TIMEOUT_S, hang_hint=SAME_COLLECTIVES)
+
+
+# -- the verdicts both DDP graders share ------------------------------------------------------------
+def _judge_broadcast(results, what):
+    rank0 = state_vector(TiedNet(seed=0))
+    parameters = sum(p.numel() for p in TiedNet(seed=0).parameters())
+    for rank, result in enumerate(results):
+        got = result["after_construction"]
+        if torch.equal(got, rank0):
+            continue
+        part = "parameters" if not torch.equal(got[:parameters], rank0[:parameters]) else "buffers"
+        hint = ("every rank must start from rank 0's parameters (frozen ones too) and buffers"
+                if rank else "rank 0 must keep its own: it is the source")
+        raise GradingError(f"{what}: rank {rank}'s model right after construction",
+                           "rank 0's initial parameters and buffers", f"other {part}", hint)
+
+
+def _judge_sizes(results, expected, what, ordered):
+    """Each step's all-reduces: `expected` element counts (in order, or as a multiset)."""
+    names = {numel: name for name, numel in parameter_sizes()}
+    for rank, result in enumerate(results):
+        for step, events in enumerate(result["steps"]):
+            got = [e[1] for e in events if e[0] == "allreduce"]
+            if (got == expected) if ordered else (Counter(got) == Counter(expected)):
+                continue
+            where = f"{what}: the all-reduces of rank {rank} at step {step}"
+            extra = Counter(got) - Counter(expected)
+            if not ordered and extra:
+                numel = next(iter(extra))
+                hint = (f"{TIED} was all-reduced {got.count(numel)} times in one step: once per "
+                        f"gradient, however many modules hold the tensor"
+                        if names.get(numel) == "embed.weight" else
+                        f"{got.count(numel)} all-reduces of {numel} elements where "
+                        f"{expected.count(numel)} were expected: each gradient once, and nothing "
+                        f"for a parameter that needs no gradient (the frozen layer)")
+            elif ordered and sorted(got) == sorted(expected):
+                hint = "the right buckets, in another order: the last layers' gradients come first"
+            else:
+                hint = ("one all-reduce per bucket of your plan: walk the gradients from the last "
+                        "registered parameter to the first" if ordered else
+                        "one all-reduce per parameter that needs a gradient, each tensor once")
+            raise GradingError(where, f"{len(expected)} all-reduces of {expected} elements",
+                               f"{len(got)}: {got}", hint)
+
+
+def _judge_overlap(results, what, launches):
+    """All but the last of `launches` all-reduces start before the last gradient is ready, and a
+    rank computes on while one is in flight (the last rank holds back one step's first)."""
+    for rank, result in enumerate(results):
+        for step, events in enumerate(result["steps"]):
+            last_ready = max(i for i, e in enumerate(events) if e[0] == "ready")
+            early = sum(e[0] == "allreduce" for e in events[:last_ready])
+            expect(early >= launches - 1, f"{what}: rank {rank} at step {step}",
+                   f"at least {launches - 1} of its {launches} all-reduces started while "
+                   f"backward() still computed gradients",
+                   f"{early} started before the last gradient was ready",
+                   "start an all-reduce from inside backward(), the moment what it sends is "
+                   "ready, not after backward() returns")
+            if rank == len(results) - 1 or step != DELAYED_STEP or launches < 2:
+                continue
+            first = next(i for i, e in enumerate(events) if e[0] == "allreduce")
+            next_ready = next((e for e in events[first:] if e[0] == "ready"), None)
+            expect(next_ready is not None and next_ready[3] > 0, f"{what}: rank {rank} at step {step}",
+                   "backward() computing the next gradient while the first all-reduce is in flight",
+                   "the next gradient was computed only after that all-reduce had finished",
+                   "start the all-reduce without waiting for it (async_op=True); wait for it later")
+
+
+def _judge_sync(results, what):
+    for rank, result in enumerate(results):
+        for step, events in enumerate(result["steps"]):
+            in_flight = next(e[2] for e in events if e[0] == "synced")
+            expect(in_flight == 0, f"{what}: rank {rank} at step {step}",
+                   "every all-reduce finished when finish_gradient_sync() returns",
+                   f"{in_flight} still in flight",
+                   "the optimizer would step on gradients the other ranks have not yet sent")
+
+
+def _judge_weights(results, oracle, what):
+    for step, expected in enumerate(oracle):
+        for rank, result in enumerate(results):
+            expect(close(result["torch_ddp"][step], expected), f"torch's DDP on rank {rank}",
+                   "the one-process weights", "other weights", "please report this machine")
+            got = result["weights"][step]
+            if close(got, expected):
+                continue
+            before = oracle[step - 1] if step else _initial_weights()
+            ratio = float((got - before).norm() / (expected - before).norm())
+            hint = ("the ranks' weights differ: each rank stepped on its own gradient"
+                    if not close(results[0]["weights"][step], results[-1]["weights"][step]) else
+                    f"every rank agrees, on an update {ratio:.2f} times one process's: the gradient "
+                    f"must be the mean over the {len(results)} ranks")
+            raise GradingError(f"{what}: rank {rank}'s weights after step {step}",
+                               "one process's weights on the global batch (and torch's DDP's)",
+                               "other weights", hint)
+
+
+def _initial_weights():
+    from torch.nn.utils import parameters_to_vector
+    return parameters_to_vector(TiedNet(seed=0).parameters()).detach()
+
+
+def _judge(ddp_class, ddp_kwargs, world_size, expected_sizes, ordered, what):
+    oracle = one_process()  # first: the ranks then fork with torch.optim imported
+    results = _run(ddp_class, ddp_kwargs, world_size, what)
+    _judge_broadcast(results, what)
+    _judge_sizes(results, expected_sizes, what, ordered)
+    _judge_overlap(results, what, len(expected_sizes))
+    _judge_sync(results, what)
+    _judge_weights(results, oracle, what)
+
+
+# -- exercise 1: one all-reduce per gradient, as soon as it is ready --------------------------------
+@grader("DDP with overlap")
+def check_overlapping_ddp(OverlappingDDP):
+    sizes = [numel for _, numel in parameter_sizes()]
+    for world_size in WORLD_SIZES:
+        _judge(OverlappingDDP, {}, world_size, sizes, False,
+               f"OverlappingDDP on {world_size} ranks")
+
+
+# -- exercise 2: the bucket plan ----------------------------------------------------------------
+def expected_plan(parameters, bucket_cap_mb):
+    cap, buckets, size = bucket_cap_mb * 2**20, [], 0
+    for param in reversed([p for p in parameters if p.requires_grad]):
+        nbytes = param.numel() * param.element_size()
+        if not buckets or size + nbytes > cap:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(param)
+        size += nbytes
+    return buckets
+
+
+PLAN_CASES = ((3, 0.001), (3, 0.003), (5, 0.0043), (3, 0.0002), (3, 25))
+
+
+@grader("the bucket plan")
+def check_plan_buckets(plan_buckets):
+    for hidden_layers, cap in PLAN_CASES:
+        model = TiedNet(hidden_layers=hidden_layers)
+        names = {id(p): name for name, p in model.named_parameters()}
+        expected = expected_plan(list(model.parameters()), cap)
+        got = plan_buckets(model.parameters(), cap)
+        call = f"plan_buckets(TiedNet(hidden_layers={hidden_layers}).parameters(), {cap})"
+        try:
+            got_names = [[names.get(id(p), "a tensor not in the model") for p in b] for b in got]
+        except TypeError:
+            raise GradingError(call, "a list of buckets, each a list of parameters",
+                               repr(got)[:120]) from None
+        want = [[names[id(p)] for p in bucket] for bucket in expected]
+        expect(got_names == want, call, str(want), str(got_names), _plan_hint(got_names, want, cap))
+
+
+def _plan_hint(got, want, cap):
+    flat_got, flat_want = [n for b in got for n in b], [n for b in want for n in b]
+    if any(name.startswith("frozen") for name in flat_got):
+        return "the frozen layer needs no gradient: it has none to all-reduce"
+    if flat_got == flat_want[::-1] or flat_got == list(reversed(flat_want)):
+        return "backward() computes the last layers' gradients first: walk the parameters backwards"
+    if flat_got == flat_want:
+        return (f"the right order, cut in other places: a bucket holds at most {cap} MiB "
+                f"({cap * 2**20:.0f} bytes: 4 bytes a float32 element), unless one gradient alone "
+                f"is larger")
+    return "each parameter that needs a gradient once, in reverse registration order"
+
+
+# -- exercise 3: DDP with buckets ----------------------------------------------------------------
+@grader("DDP with buckets")
+def check_bucketed_ddp(BucketedDDP):
+    for world_size in WORLD_SIZES:
+        cap = BUCKET_CAPS_MB[world_size]
+        plan = expected_plan(list(TiedNet().parameters()), cap)
+        sizes = [sum(p.numel() for p in bucket) for bucket in plan]
+        _judge(BucketedDDP, {"bucket_cap_mb": cap}, world_size, sizes, True,
+               f"BucketedDDP(bucket_cap_mb={cap}) on {world_size} ranks")
+
+
+WRONG_ANSWERS = {
+    check_overlapping_ddp: [
+        wrong_answer("all-reduces every gradient after backward: right numbers, no overlap",
+                     mistakes.AllReduceAfterBackward),
+        wrong_answer("never waits for its all-reduces", mistakes.NeverWaits),
+        wrong_answer("hooks each module's parameters: the tied weight twice", mistakes.HooksPerModule),
+        wrong_answer("waits for each all-reduce inside its hook", mistakes.WaitsInTheHook),
+        wrong_answer("broadcasts the parameters but not the buffers", mistakes.ForgetsBuffers),
+        wrong_answer("sums the gradients instead of averaging", mistakes.SumsGradients),
+    ],
+    check_plan_buckets: [
+        wrong_answer("buckets in forward order", mistakes.plan_forward_order),
+        wrong_answer("closes a bucket once it reaches the cap: past it", mistakes.plan_past_the_cap),
+        wrong_answer("puts the frozen layer in a bucket", mistakes.plan_with_frozen),
+        wrong_answer("reads the cap in megabytes (10**6 bytes)", mistakes.plan_in_megabytes),
+    ],
+    check_bucketed_ddp: [
+        wrong_answer("all-reduces every bucket after backward", mistakes.BucketsAfterBackward),
+        wrong_answer("buckets in forward order", mistakes.ForwardOrderBuckets),
+        wrong_answer("never copies the reduced bucket back", mistakes.NeverCopiesBack),
+        wrong_answer("one all-reduce per gradient, not per bucket", mistakes.OnePerGradient),
+    ],
+}
