@@ -16,6 +16,7 @@ from ..runtime.launcher.doctor import gpu_descriptions
 from .check import ANSI_COLOR
 from .layout import SOLUTIONS, course_notebooks, find_course_root, matches_numbers
 from .scrub import scrub_outputs
+from . import slurm_run
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -112,6 +113,7 @@ def run_solutions_main(argv) -> int:
                              "(machine paths scrubbed); then run build-lessons")
     parser.add_argument("--root", type=Path, default=None,
                         help="the course folder (default: found from the current folder)")
+    slurm_run.add_arguments(parser)
     args = parser.parse_args(argv)
     root = find_course_root(args.root)
     notebooks = [path for path in course_notebooks(root / SOLUTIONS)
@@ -120,6 +122,8 @@ def run_solutions_main(argv) -> int:
         print(f"no solution notebooks to run in {root / SOLUTIONS}"
               + (f" for --only {','.join(args.only)}" if args.only else ""), file=sys.stderr)
         return 2
+    if args.slurm:  # the same run, on a compute node: its report printed here
+        return slurm_run.run_solutions_on_slurm(args, root, notebooks, print_table)
     device = describe_device()
     runs = []
     for number, path in enumerate(notebooks, start=1):
@@ -135,4 +139,6 @@ def run_solutions_main(argv) -> int:
         elif args.write:
             print(f"left {SOLUTIONS}/{path.name} as it was, since it failed", flush=True)
     print_table(runs, device)
+    if args.report_json:
+        slurm_run.write_report(args.report_json, runs, device)
     return 0 if all(run.passed for run in runs) else 1

@@ -211,31 +211,42 @@ def _descendants(pid: int) -> list:
 
 def slurm_script(command: str, nodes: int = 2, gpus_per_node: int = 8, job_name: str = "ddp",
                  time: str = "01:00:00", cpus_per_task: int = 32, partition: str | None = None,
-                 env: dict | None = None, max_restarts: int = 0) -> str:
+                 env: dict | None = None, max_restarts: int = 0, nproc_per_node: int | None = None,
+                 output: str = "%x-%j.out", requeue: bool = False) -> str:
     """A batch script for `sbatch`: one srun task per node, each a torchrun that starts
-    gpus_per_node ranks; the nodes meet at the first node's address (c10d rendezvous)."""
+    nproc_per_node ranks (default: one per GPU); the nodes meet at the first node's address
+    (c10d rendezvous). gpus_per_node=0 asks for no GPU: a CPU node, where the ranks use gloo.
+    requeue=True lets SLURM queue the job again after a pre-emption, its log appended to."""
+    nproc_per_node = nproc_per_node or gpus_per_node
+    if not nproc_per_node:
+        raise ValueError("gpus_per_node=0 (a CPU node) needs nproc_per_node, the ranks each node starts")
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={job_name}",
              f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --gpus-per-node={gpus_per_node}",
-             f"#SBATCH --cpus-per-task={cpus_per_task}",
-             f"#SBATCH --time={time}"]
+             "#SBATCH --ntasks-per-node=1"]
+    if gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    lines += [f"#SBATCH --cpus-per-task={cpus_per_task}",
+              f"#SBATCH --time={time}"]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
-    lines += ["#SBATCH --output=%x-%j.out",
-              "",
+    lines.append(f"#SBATCH --output={output}")
+    if requeue:
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    lines += ["",
               "set -euo pipefail",
               'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))",
-              f"export OMP_NUM_THREADS={max(cpus_per_task // gpus_per_node, 1)}"]
+              # srun does not inherit --cpus-per-task from the allocation since Slurm 22.05
+              "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK",
+              f"export OMP_NUM_THREADS={max(cpus_per_task // nproc_per_node, 1)}"]
     lines += [f"export {name}={shlex.quote(str(value))}" for name, value in (env or {}).items()]
     if max_restarts:  # ranks of each round meet in a fresh store (pytorch/pytorch#135712)
         lines.append("export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     lines += ["",
               "srun torchrun \\",
               '    --nnodes="$SLURM_NNODES" \\',
-              f"    --nproc_per_node={gpus_per_node} \\",
+              f"    --nproc_per_node={nproc_per_node} \\",
               '    --rdzv_id="$SLURM_JOB_ID" \\',
               "    --rdzv_backend=c10d \\",
               '    --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\']
