@@ -20,12 +20,13 @@ from ..training.data import make_dataset
 from ..runtime.shared.env import device_for_rank
 from ..runtime.launcher.launch import launch
 from ..training.models import make_model
-from .timing import Timing, synchronize
+from .timing import Timing, clock_now, seal, sealed_here, synchronize
 from .traffic import count_traffic
 
 __all__ = ["SCALINGS", "speedup", "efficiency", "amdahl_speedup", "fit_amdahl",
            "all_reduce_seconds", "predict_step_seconds", "accumulation_plan", "StepTiming",
-           "time_ddp_steps", "measure_step_seconds", "measure_scaling", "median_of_runs"]
+           "time_ddp_steps", "measure_step_seconds", "ScalingRuns", "measure_scaling",
+           "median_of_runs"]
 
 SCALINGS = ("strong", "weak")
 
@@ -178,8 +179,25 @@ def measure_step_seconds(world_size: int, batch_size: int, hidden: int = 32, ste
                   nprocs=world_size, backend=backend, timeout=timeout, output=output)[0]
 
 
+class ScalingRuns(dict):
+    """measure_scaling's result, {world_size: [median seconds per step of each run]}, with the raw
+    record it came from: `timings` ({world_size: [each run's StepTiming, every step's seconds]}),
+    `batch_size`, `scaling`, `clock` (clock_now() at the start and at the end) and a seal.
+    `recorded_here()` says whether measure_scaling made it in this session, unchanged."""
+
+    def facts(self):
+        return (sorted(self.items()), sorted(self.timings.items()), self.batch_size, self.scaling,
+                self.clock)
+
+    def recorded_here(self) -> bool:
+        try:
+            return sealed_here(self, self.facts())
+        except AttributeError:  # made by hand: no raw record
+            return False
+
+
 def measure_scaling(world_sizes, batch_size: int, scaling: str = "strong", runs: int = 3,
-                    **measure_kwargs) -> dict:
+                    **measure_kwargs) -> ScalingRuns:
     """{world_size: [median seconds per step of each run]}.
 
     `batch_size` is the global batch under strong scaling (each rank gets batch_size / N) and
@@ -191,15 +209,20 @@ def measure_scaling(world_sizes, batch_size: int, scaling: str = "strong", runs:
         if scaling == "strong" and batch_size % n:
             raise ValueError(f"strong scaling splits the global batch {batch_size} over {n} "
                              f"ranks: pick a batch_size divisible by every world size")
-    medians = {n: [] for n in world_sizes}
+    medians, started = ScalingRuns({n: [] for n in world_sizes}), clock_now()
+    medians.timings = {n: [] for n in world_sizes}
     with warnings.catch_warnings(record=True) as caught:  # launch warns on every run: say it once
         warnings.simplefilter("always")
         for _ in range(runs):
             for n in world_sizes:
                 per_rank = batch_size // n if scaling == "strong" else batch_size
-                medians[n].append(measure_step_seconds(n, per_rank, **measure_kwargs).median)
+                timing = measure_step_seconds(n, per_rank, **measure_kwargs)
+                medians[n].append(timing.median)
+                medians.timings[n].append(timing)
     for message, category in {str(w.message): w.category for w in caught}.items():
         warnings.warn(message, category, stacklevel=2)
+    medians.batch_size, medians.scaling, medians.clock = batch_size, scaling, (started, clock_now())
+    medians.seal = seal(medians.facts())
     return medians
 
 
