@@ -2,6 +2,8 @@
 flight recorder from inside the ranks as NCCL's watchdog would dump it."""
 import inspect
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import nbformat
@@ -32,10 +34,14 @@ def test_the_lesson_shows_the_broken_run_its_grader_rejects(broken):
 
 
 def _mismatched_after_a_dump(folder):
+    def dump_once_both_are_issued():  # no fixed delay: on a loaded machine a rank may be slow
+        deadline = time.monotonic() + 6
+        while len(debugging.collectives_recorded_here()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        debugging.dump_collectives_after(0.2, folder)
+
+    threading.Thread(target=dump_once_both_are_issued, daemon=True).start()
     dist.all_reduce(torch.ones(3))
-    # timed from here, not from the rank's start: a rank slow to start (a loaded machine) would
-    # otherwise dump before it issued its second collective
-    debugging.dump_collectives_after(1.5, folder)
     if dist.get_rank() == 0:
         dist.all_reduce(torch.ones(2))
     else:
@@ -46,7 +52,7 @@ def _mismatched_after_a_dump(folder):
 def test_the_dumps_read_like_nccls_and_torchfrtrace_names_the_mismatch():
     with tempfile.TemporaryDirectory() as folder:
         with pytest.raises(DistributedRunError):
-            launch(_mismatched_after_a_dump, folder, backend="gloo", timeout=8, output="none")
+            launch(_mismatched_after_a_dump, folder, backend="gloo", timeout=12, output="none")
         recorded = debugging.recorded_collectives(folder)
         assert [[(seq, op) for seq, op, *_ in entries] for _, entries in sorted(recorded.items())] == [
             [(1, "gloo:all_reduce"), (2, "gloo:all_reduce")],

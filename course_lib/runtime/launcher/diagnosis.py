@@ -199,11 +199,20 @@ def _waiting(ranks) -> Dict[str, Dict[int, dict]]:
         # (an async op's, DDP's all-reduce under backward)
         in_call = bool(state.gave_up) or ("distributed_c10d" in state.waiting_in
                                         and _function(state.waiting_in) not in POINT_TO_POINT)
-        pending = state.records[-1:] if in_call else [r for r in state.records if not r["done"]]
+        pending = state.records[-1:] if in_call else [r for r in state.records if not r["done"]
+                                                          and not _done_elsewhere(r, ranks)]
         if pending:
             last = max(pending, key=lambda r: r["seq"])
             waiting.setdefault(last["group"], {})[state.rank] = last
     return waiting
+
+
+def _done_elsewhere(record, ranks) -> bool:
+    """Another rank finished this very collective: torch marks a gloo record done a few ms after
+    the call returns, so a rank asked in that window may show as still in a call it has left."""
+    return any(other["done"] and other["group"] == record["group"] and other["seq"] == record["seq"]
+               and _signature(other) == _signature(record)
+               for state in ranks.values() for other in state.records or [])
 
 
 def _in_collective(state, waiting) -> bool:
