@@ -34,11 +34,15 @@ def test_the_lesson_shows_the_broken_run_its_grader_rejects(broken):
 
 
 def _mismatched_after_a_dump(folder):
-    def dump_once_both_are_issued():  # no fixed delay: on a loaded machine a rank may be slow
-        deadline = time.monotonic() + 6
-        while len(debugging.collectives_recorded_here()) < 2 and time.monotonic() < deadline:
+    def issued_and_first_marked_done():
+        recorded = debugging.collectives_recorded_here()
+        return len(recorded) == 2 and recorded[0][4] == "completed"
+
+    def dump_once_both_are_issued():  # no fixed delay: on a loaded machine a rank may be slow,
+        deadline = time.monotonic() + 8  # and gloo marks a collective done after it returned
+        while not issued_and_first_marked_done() and time.monotonic() < deadline:
             time.sleep(0.05)
-        debugging.dump_collectives_after(0.2, folder)
+        debugging.dump_collectives_after(0.0, folder)
 
     threading.Thread(target=dump_once_both_are_issued, daemon=True).start()
     dist.all_reduce(torch.ones(3))

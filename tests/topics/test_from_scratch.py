@@ -223,7 +223,10 @@ def assert_same_weights(got, expected, exact, what):
         if exact:
             assert torch.equal(got[name], expected[name]), f"{what}: {name} differs"
         else:
-            torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=f"{what}: {name}")
+            # sums in another order: 3 ranks' float32 gradients against one process's, through 3
+            # AdamW steps at lr 0.1, differ by up to 7.5e-6 (measured, torch 2.13); a wrong sync or
+            # a lost shard differs by about one step, 0.1
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=3e-5, msg=f"{what}: {name}")
 
 
 # -- the checks, each also fed wrong events below ------------------------------------------------
