@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ..runtime.rank.collective_log import own_entries
 from ..training.data import make_dataset
 
 # -- the flight recorder, read from a rank ------------------------------------------------------
@@ -32,8 +33,10 @@ def dump_collectives_after(seconds: float, folder: str) -> None:
     rank = dist.get_rank()
 
     def dump():
+        recorded = pickle.loads(c10d._dump_fr_trace())  # private, as torch's own debug server calls it
+        recorded["entries"] = own_entries(recorded["entries"])  # not a forking parent's
         with open(os.path.join(folder, f"{TRACE_PREFIX}{rank}"), "wb") as file:
-            file.write(c10d._dump_fr_trace())  # private, as torch's own debug server calls it
+            pickle.dump(recorded, file)
 
     timer = threading.Timer(seconds, dump)
     timer.daemon = True
@@ -50,7 +53,7 @@ def collectives_recorded_here() -> list:
     """In a rank: [(call number, op, input sizes, dtypes, state)] its flight recorder holds now."""
     import torch._C._distributed_c10d as c10d
 
-    return _entries(pickle.loads(c10d._dump_fr_trace()))
+    return _entries({"entries": own_entries(pickle.loads(c10d._dump_fr_trace())["entries"])})
 
 
 def recorded_collectives(folder: str) -> dict:
@@ -69,14 +72,18 @@ def torchfrtrace(folder: str, timeout: float = 120) -> str:
 
     torchfrtrace was written for NCCL's dumps, which name each process group in "pg_config";
     gloo's name the default group "" there (torch 2.13), so that torchfrtrace cannot find it. We
-    copy the name each recorded collective carries into pg_config first, in place."""
+    copy the name each recorded collective carries into pg_config first, in place. The default
+    group's ranks are the ranks that dumped: a rank forked from a process that had a group of its
+    own before finds "[]" there."""
+    dumped = str(sorted(recorded_collectives(folder)))
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
         with open(path, "rb") as file:
             dump = pickle.load(file)
         ranks = next(iter(dump["pg_config"].values()), {}).get("ranks", "[]")
         groups = {entry["process_group"] for entry in dump["entries"]}
-        dump["pg_config"] = {uid: {"name": uid, "desc": desc, "ranks": ranks}
+        dump["pg_config"] = {uid: {"name": uid, "desc": desc,
+                                   "ranks": dumped if desc == "default_pg" else ranks}
                              for uid, desc in groups}
         with open(path, "wb") as file:
             pickle.dump(dump, file)

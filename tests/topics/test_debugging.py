@@ -65,3 +65,45 @@ def test_the_dumps_read_like_nccls_and_torchfrtrace_names_the_mismatch():
         report = debugging.torchfrtrace(folder)
     assert "Collective sequence number: 2 has errors" in report
     assert "COLLECTIVE_TYPE_MISMATCH" in report
+
+
+FORKED_AFTER_A_GROUP = '''
+import sys, tempfile
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from course_lib import DistributedRunError, launch
+from course_lib.topics import debugging
+from topics.test_debugging import _mismatched_after_a_dump
+
+if __name__ == "__main__":
+    # as a notebook that ran a one-process group before it launched: the forked ranks inherit
+    # this process's flight recorder, its 3 all_reduces and a group config with no ranks
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(5))
+    dist.destroy_process_group()
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            launch(_mismatched_after_a_dump, folder, backend="gloo", timeout=12, output="none",
+                   start_method="fork")
+        except DistributedRunError as error:
+            print("DIAGNOSIS", error.diagnosis.splitlines()[0])
+        recorded = debugging.recorded_collectives(folder)
+        print("RECORDED", [[(seq, op) for seq, op, *_ in entries] for _, entries in sorted(recorded.items())])
+        print(debugging.torchfrtrace(folder))
+'''
+
+
+@pytest.mark.slow  # a hang, then torchfrtrace in a new process, from a script of its own
+def test_ranks_forked_from_a_process_that_had_a_group_read_only_their_own_records(tmp_path):
+    from scripts import run_script
+
+    tests = str(Path(__file__).resolve().parents[1])
+    code, output = run_script(FORKED_AFTER_A_GROUP.format(tests=tests), tmp_path, timeout=150)
+    assert code == 0, output
+    assert "DIAGNOSIS collective #2 differs" in output, output
+    assert ("RECORDED [[(1, 'gloo:all_reduce'), (2, 'gloo:all_reduce')], "
+            "[(1, 'gloo:all_reduce'), (2, 'gloo:broadcast')]]") in output, output
+    assert "Collective sequence number: 2 has errors" in output, output
+    assert "COLLECTIVE_TYPE_MISMATCH" in output, output

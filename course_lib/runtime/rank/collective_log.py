@@ -13,17 +13,31 @@ import os
 import pickle
 import signal
 import threading
+import time
 
 from ..shared import channel
 from ..shared.protocol import COLLECTIVES
 from ..shared.tracebacks import place
 
 ASK = signal.SIGUSR2  # the launcher's request: send what you recorded now
+_started_ns = 0  # when this rank started (wall clock, as torch stamps its records)
 
 _COURSE_LIB = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
            "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+
+
+def mark_start() -> None:
+    """Called first thing in a rank. A rank forked from a process that had a process group of its
+    own (a notebook that ran one, pytest) inherits that process's records: own_entries leaves them out."""
+    global _started_ns
+    _started_ns = time.time_ns()
+
+
+def own_entries(entries: list) -> list:
+    """The flight recorder's entries this process recorded itself, not the ones a fork inherited."""
+    return [entry for entry in entries if entry.get("time_created_ns", _started_ns) >= _started_ns]
 
 
 def answer_requests(messages_fd: int) -> None:
@@ -67,7 +81,7 @@ def records() -> list:
         if dump is None:
             continue
         try:
-            dumped += pickle.loads(dump()).get("entries", [])
+            dumped += own_entries(pickle.loads(dump()).get("entries", []))
         except Exception:  # noqa: BLE001 - not recording, or a torch that dumps otherwise
             continue
     return [_record(entry) for entry in dumped if not entry.get("is_p2p")]

@@ -16,7 +16,7 @@ import time
 
 from ..shared import channel
 from ..shared.protocol import ERROR, EXITING, OK, RENDEZVOUS, RankPipes, RankSpec, unpicklable_result
-from .collective_log import answer_requests, send_records
+from .collective_log import answer_requests, mark_start, send_records
 from .last_call import watch as watch_collectives
 from .detach import detach_from_kernel
 from ..shared.tracebacks import describe_current_exception
@@ -27,6 +27,7 @@ def run_rank(spec: RankSpec, pipes: RankPipes, forked: bool) -> None:
     """Never returns: the process exits when its job is done."""
     code = 1
     try:
+        mark_start()
         _detach_from_launcher_signals(spec.parent_pid)
         if spec.record_collectives:
             answer_requests(pipes.messages)
