@@ -20,7 +20,7 @@ from ..shared.protocol import COLLECTIVES
 from ..shared.tracebacks import place
 
 ASK = signal.SIGUSR2  # the launcher's request: send what you recorded now
-_started_ns = 0  # when this rank started (wall clock, as torch stamps its records)
+_started_ns = (0, 0)  # when this rank started: (wall clock, monotonic), in ns
 
 _COURSE_LIB = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -32,12 +32,20 @@ def mark_start() -> None:
     """Called first thing in a rank. A rank forked from a process that had a process group of its
     own (a notebook that ran one, pytest) inherits that process's records: own_entries leaves them out."""
     global _started_ns
-    _started_ns = time.time_ns()
+    _started_ns = (time.time_ns(), time.monotonic_ns())
 
 
 def own_entries(entries: list) -> list:
     """The flight recorder's entries this process recorded itself, not the ones a fork inherited."""
-    return [entry for entry in entries if entry.get("time_created_ns", _started_ns) >= _started_ns]
+    return [entry for entry in entries if entry.get("time_created_ns") is None
+            or entry["time_created_ns"] >= _start_on_the_clock_of(entry["time_created_ns"])]
+
+
+def _start_on_the_clock_of(stamp: int) -> int:
+    # torch 2.13 and 2.15 stamp records with the wall clock; a monotonic stamp (time since boot)
+    # is below 1e18 ns, 31 years, where every wall-clock stamp of this century is above it
+    wall, monotonic = _started_ns
+    return wall if stamp > 10**18 else monotonic
 
 
 def answer_requests(messages_fd: int) -> None:
