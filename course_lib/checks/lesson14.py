@@ -225,11 +225,11 @@ def _numbered(lines):
 
 
 def _expect_no_other_writer(run: Run) -> None:
-    for rank, process in _in_order(run.processes.items()):
-        if rank not in (0, None) and process.saves():
+    for rank, saved in _in_order(run.saves.items()):  # a rank torchrun killed included
+        if rank not in (0, None) and saved:
             _reject(run, "exactly one checkpoint writer: rank 0",
-                    f"rank {rank} also wrote the checkpoint (torch.save {len(process.saves())} "
-                    f"times, to {Path(process.saves()[-1]).name})",
+                    f"rank {rank} also wrote the checkpoint (torch.save {len(saved)} "
+                    f"times, to {Path(saved[-1]).name})",
                     "every rank holds the same weights, and ranks writing one file at once can "
                     "leave it corrupt: one rank writes")
 

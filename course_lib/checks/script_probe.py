@@ -41,6 +41,12 @@ if _DIR and _SCRIPT and sys.argv and os.path.abspath(sys.argv[0]) == _SCRIPT:
     _RECORD = {"rank": None if _RANK is None else int(_RANK), "events": [], "autocast": {},
                "group_alive_at_exit": None, "probe_error": None}
     _STACKS = open(os.path.join(_DIR, f"stack.{_NAME}.txt"), "w")
+    _SAVES = os.path.join(_DIR, f"saves.{_NAME}.txt")
+
+    def _log_save(path):
+        """At once, not at exit: torchrun kills a rank whose peer crashed, before its exit handlers."""
+        with open(_SAVES, "a") as file:
+            file.write(path + "\n")
     faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)  # the grader asks on a hang
 
     def _inode(target):
@@ -70,6 +76,7 @@ if _DIR and _SCRIPT and sys.argv and os.path.abspath(sys.argv[0]) == _SCRIPT:
             done = save(obj, f, *args, **kwargs)
             events.append(["save", os.path.realpath(path) if isinstance(path, str) else "?",
                            _inode(path if named else f)])
+            _log_save(events[-1][1])
             return done
 
         def probed_fsync(fd):
@@ -159,6 +166,7 @@ class Run:
     returncode: int = None
     timed_out: bool = False
     processes: dict = field(default_factory=dict)  # rank (None: plain python) -> Process
+    saves: dict = field(default_factory=dict)  # rank -> the paths it torch.saved, killed ranks too
 
     @property
     def distributed(self) -> bool:
@@ -230,6 +238,7 @@ def run_together(script: Path, runs: list, site: Path, timeout: float) -> None:
         stop_processes(started)
     for run in runs:
         run.processes = _collect(run)
+        run.saves = _saves(run)
 
 
 def _ask_for_stacks(run: Run) -> None:
@@ -254,6 +263,16 @@ def _collect(run: Run) -> dict:
         processes[rank] = Process(rank, record["events"], record["autocast"],
                                   record["group_alive_at_exit"], stdout, stderr)
     return processes
+
+
+def _saves(run: Run) -> dict:
+    """{rank: [path, ...]} of every process that saved, read from the lines it wrote at each save."""
+    saves = {}
+    for log in sorted((run.folder / "probe").glob("saves.*.txt")):
+        name = log.name.split(".")[1]
+        rank = None if name == "single" else int(name[len("rank"):])
+        saves.setdefault(rank, []).extend(log.read_text().splitlines())
+    return saves
 
 
 def _output_of(run: Run, rank) -> tuple:

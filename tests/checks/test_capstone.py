@@ -239,6 +239,26 @@ def test_a_wrong_conversion_is_rejected_with_its_own_message(name, tmp_path, cap
     assert capsys.readouterr().out == ""
 
 
+# Rank 1 saves a copy, then rank 0 crashes: torchrun kills rank 1 before its exit handlers run,
+# so only what the probe wrote at the save itself can tell that rank 1 wrote
+KILLED_WRITER = [("import gc\n", "import gc\nimport time\n"),
+                 ("        if rank == 0:\n            unwrapped",
+                  "        if rank == 1:\n"
+                  "            torch.save(model.module.state_dict(), 'copy.pt')\n"
+                  "            open('saved', 'w').close()\n"
+                  "            time.sleep(120)\n"
+                  "        while not os.path.exists('saved'):\n"
+                  "            time.sleep(0.05)\n"
+                  "        raise RuntimeError('rank 0 stops once rank 1 saved')\n"
+                  "        if rank == 0:\n            unwrapped")]
+
+
+@pytest.mark.timeout(GRADE_TIMEOUT_S)
+def test_a_writer_that_torchrun_killed_is_still_named(tmp_path):
+    verdict = graded(write_edited_reference(tmp_path / "train_ddp.py", KILLED_WRITER))
+    assert re.search(r"rank 1 also wrote the checkpoint \(torch.save 1 times, to copy.pt\)", verdict), verdict
+
+
 def test_every_wrong_conversion_gets_a_message_of_its_own():
     patterns = [message for _, message in WRONG_CONVERSIONS.values()]
     assert len(set(patterns)) == len(patterns) >= 6
