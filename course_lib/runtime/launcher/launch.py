@@ -116,10 +116,17 @@ def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional
                       record_collectives=record_collectives)
              for rank in range(nprocs)]
     try:
-        return RankSupervisor(specs, method, relay, job_bytes), rendezvous
+        supervisor = RankSupervisor(specs, method, relay, job_bytes)
     except BaseException:
         rendezvous.close()
         raise
+    try:
+        rendezvous.serve()  # after every rank was forked: see Rendezvous.serve
+    except BaseException:
+        supervisor.stop()
+        rendezvous.close()
+        raise
+    return supervisor, rendezvous
 
 
 def _first_caller_outside_the_library() -> int:

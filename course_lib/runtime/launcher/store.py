@@ -17,21 +17,29 @@ def loopback_interface() -> str:
 
 class Rendezvous:
     def __init__(self, world_size: int, timeout_s: float = 300.0):
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind((MASTER_ADDR, 0))
+        self._listener.listen(max(128, world_size))
+        self.port = self._listener.getsockname()[1]
+        self.world_size, self.timeout_s, self.store = world_size, timeout_s, None
+
+    def serve(self) -> None:
+        """Start the store on the listening socket, once every rank has been started.
+
+        A rank that connects before waits in the socket's queue. The store's server is a thread of
+        this process: a rank forked while it serves another rank's connection would inherit any lock
+        that thread held at that instant, and could hang in its own store client (seen on 3 ranks).
+        """
         from torch.distributed import TCPStore
 
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind((MASTER_ADDR, 0))
-        listener.listen(max(128, world_size))
-        self.port = listener.getsockname()[1]
         # The launcher plays torchrun's agent: it hosts the store and every rank joins as a client
         # (TORCHELASTIC_USE_AGENT_STORE below), so even `init_process_group("gloo")` in user code works;
         # user code that picks another address gets its own store (see rank.own_rendezvous).
         # The store takes the socket over (and closes it when freed); the libuv store can since
         # torch 2.8, the course's lower bound.
-        self.store = TCPStore(MASTER_ADDR, self.port, world_size, is_master=True,
-                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
-                              master_listen_fd=listener.detach(), use_libuv=True)
-        self.world_size = world_size
+        self.store = TCPStore(MASTER_ADDR, self.port, self.world_size, is_master=True,
+                              timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False,
+                              master_listen_fd=self._listener.detach(), use_libuv=True)
 
     def environment(self, rank: int, start_method: str) -> dict:
         values = {
@@ -50,6 +58,7 @@ class Rendezvous:
 
     def close(self) -> None:
         self.store = None  # the server stops when the store object is freed
+        self._listener.close()  # nothing once the store took it over
 
     def __enter__(self):
         return self
