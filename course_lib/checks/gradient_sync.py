@@ -145,15 +145,20 @@ def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: in
 
 def _torch_ddp(rank: int, world_size: int, hidden_layers: int, steps: int) -> list:
     model = nn.parallel.DistributedDataParallel(TiedNet(seed=rank, hidden_layers=hidden_layers))
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    weights = []
-    for X, y in batches(steps):
+    return train_on_shards(model, torch.optim.SGD(model.parameters(), lr=LR), batches(steps), rank,
+                           world_size, lambda: parameters_to_vector(model.module.parameters()).detach().clone())
+
+
+def train_on_shards(model, optimizer, global_batches, rank: int, world_size: int, snapshot) -> list:
+    """One step per global batch, on this rank's shard of it; [snapshot() after each step]."""
+    after = []
+    for X, y in global_batches:
         X_local, y_local = shard(X, y, rank, world_size)
         optimizer.zero_grad()
         F.cross_entropy(model(X_local), y_local).backward()
         optimizer.step()
-        weights.append(parameters_to_vector(model.module.parameters()).detach().clone())
-    return weights
+        after.append(snapshot())
+    return after
 
 
 def close(a, b) -> bool:

@@ -237,7 +237,7 @@ def _expect_no_other_writer(run: Run) -> None:
 def _expect_one_writer(run: Run, epochs: list) -> None:
     _expect_no_other_writer(run)
     writer = 0 if run.distributed else None
-    count = len(run.processes[writer].saves())
+    count = len(run.saves.get(writer, []))
     if count < len(epochs):
         _reject(run, f"{_who(writer)} to save the checkpoint at the end of each of epochs {epochs}",
                 f"{_who(writer)} called torch.save {count} times",

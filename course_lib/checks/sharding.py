@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .gradient_sync import TiedNet, batches, one_process, shard
+from .gradient_sync import TiedNet, batches, one_process, shard, train_on_shards
 
 STEPS, ADAMW = 3, dict(lr=0.05, weight_decay=0.1)
 FEATURES, CLASSES, GLOBAL_BATCH_SIZE, SGD_LR = 16, 4, 12, 0.2
@@ -48,13 +48,8 @@ def _train_zero(make_optimizer, rank, world_size, steps):
     names = {param: name for name, param in model.named_parameters()}
     ddp = nn.parallel.DistributedDataParallel(model)
     optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad])
-    weights = []
-    for X, y in batches(steps):
-        X_local, y_local = shard(X, y, rank, world_size)
-        optimizer.zero_grad()
-        F.cross_entropy(ddp(X_local), y_local).backward()
-        optimizer.step()
-        weights.append(parameters_to_vector(model.parameters()).detach().clone())
+    weights = train_on_shards(ddp, optimizer, batches(steps), rank, world_size,
+                              lambda: parameters_to_vector(model.parameters()).detach().clone())
     local = getattr(optimizer, "local_optimizer", getattr(optimizer, "optim", None))
     if local is None:
         return weights, None
@@ -225,17 +220,11 @@ def _torch_fully_shard(rank: int, world_size: int, steps: int) -> list:
     for name in ("middle", "head"):
         fully_shard(getattr(model, name), mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR)
-    after = []
-    for X, y in fsdp_batches(steps):
-        X_local, y_local = shard(X, y, rank, world_size)
-        optimizer.zero_grad()
-        F.cross_entropy(model(X_local), y_local).backward()
-        optimizer.step()
-        after.append({name: torch.cat([getattr(model, name).weight.full_tensor().flatten(),
-                                       getattr(model, name).bias.full_tensor()])
-                      for name in dict.fromkeys(PLAN)})
-    return after
+    return train_on_shards(model, torch.optim.SGD(model.parameters(), lr=SGD_LR), fsdp_batches(steps),
+                           rank, world_size, lambda: {
+                               name: torch.cat([getattr(model, name).weight.full_tensor().flatten(),
+                                                getattr(model, name).bias.full_tensor()])
+                               for name in dict.fromkeys(PLAN)})
 
 
 def padded_sizes(world_size: int) -> dict:

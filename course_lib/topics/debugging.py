@@ -28,19 +28,24 @@ def dump_collectives_after(seconds: float, folder: str) -> None:
     folder/trace_rank_<rank>, from a thread of its own (the main thread may be stuck in a
     collective). The file is the pickle NCCL's watchdog writes on a timeout; gloo records too
     (torch 2.8 and later), but only a call like this one writes it."""
-    import torch._C._distributed_c10d as c10d
-
     rank = dist.get_rank()
 
     def dump():
-        recorded = pickle.loads(c10d._dump_fr_trace())  # private, as torch's own debug server calls it
-        recorded["entries"] = own_entries(recorded["entries"])  # not a forking parent's
         with open(os.path.join(folder, f"{TRACE_PREFIX}{rank}"), "wb") as file:
-            pickle.dump(recorded, file)
+            pickle.dump(_own_dump(), file)
 
     timer = threading.Timer(seconds, dump)
     timer.daemon = True
     timer.start()
+
+
+def _own_dump() -> dict:
+    """This rank's flight-recorder dump, less the entries a fork inherited from its parent."""
+    import torch._C._distributed_c10d as c10d
+
+    dump = pickle.loads(c10d._dump_fr_trace())  # private, as torch's own debug server calls it
+    dump["entries"] = own_entries(dump["entries"])
+    return dump
 
 
 def _entries(dump: dict) -> list:
@@ -51,19 +56,22 @@ def _entries(dump: dict) -> list:
 
 def collectives_recorded_here() -> list:
     """In a rank: [(call number, op, input sizes, dtypes, state)] its flight recorder holds now."""
-    import torch._C._distributed_c10d as c10d
-
-    return _entries({"entries": own_entries(pickle.loads(c10d._dump_fr_trace())["entries"])})
+    return _entries(_own_dump())
 
 
 def recorded_collectives(folder: str) -> dict:
     """{rank: [(call number, op, input shapes, dtypes, state)]} from the dumps in `folder`."""
     table = {}
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(TRACE_PREFIX):
-            with open(os.path.join(folder, name), "rb") as file:
-                table[int(name[len(TRACE_PREFIX):])] = _entries(pickle.load(file))
+    for rank, path in _dump_files(folder).items():
+        with open(path, "rb") as file:
+            table[rank] = _entries(pickle.load(file))
     return table
+
+
+def _dump_files(folder: str) -> dict:
+    """{rank: path} of the dumps in `folder`, by rank."""
+    return {int(name[len(TRACE_PREFIX):]): os.path.join(folder, name)
+            for name in sorted(os.listdir(folder)) if name.startswith(TRACE_PREFIX)}
 
 
 def torchfrtrace(folder: str, timeout: float = 120) -> str:
@@ -75,9 +83,9 @@ def torchfrtrace(folder: str, timeout: float = 120) -> str:
     copy the name each recorded collective carries into pg_config first, in place. The default
     group's ranks are the ranks that dumped: a rank forked from a process that had a group of its
     own before finds "[]" there."""
-    dumped = str(sorted(recorded_collectives(folder)))
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
+    files = _dump_files(folder)
+    dumped = str(sorted(files))
+    for path in files.values():
         with open(path, "rb") as file:
             dump = pickle.load(file)
         ranks = next(iter(dump["pg_config"].values()), {}).get("ranks", "[]")
