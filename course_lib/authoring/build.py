@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from ..checks import passed_line
+from ..checks.engine import passed_line
 from .cells import (BEGIN_SOLUTION, END_SOLUTION, SKELETON_STEP, STUB, is_check_cell, is_code,
                     is_solution_only)
 from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root, matches_numbers

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 
-from ..checks import FAILED_MARK
+from ..checks.engine import FAILED_MARK
 from ..runtime.shared.process_group import signal_group
 from .cells import exercise_name, is_check_cell, is_code, is_exercise_cell
 from .layout import SOLUTIONS, find_course_root, find_lesson

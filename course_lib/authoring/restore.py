@@ -6,7 +6,7 @@ the learner edited, deleted or replaced by a typed passed line is put back as th
 import copy
 from dataclasses import dataclass, field
 
-from ..checks import passed_line
+from ..checks.engine import passed_line
 from .cells import CHECK_MARKER, exercise_name, is_check_cell, is_code, is_solution_only
 
 EDITED = "its check cell was edited; graded with the course's check cell"

@@ -8,8 +8,8 @@ import os
 
 import torch.distributed as dist
 
-from . import expect_equal, grader, wrong_answer
-from .ranks import run_on_ranks
+from .engine import expect_equal, grader
+from .engine.ranks import run_on_ranks
 
 def _launch_whoami(whoami, nprocs: int) -> list:
     results = run_on_ranks(whoami, nprocs=nprocs, what=f"launch(whoami, nprocs={nprocs})",
@@ -55,40 +55,3 @@ def check_where_output_goes(predicted_lines, predicted_results, predicted_total)
     expect_equal(predicted_total, 0, "predicted_total",
                  hint="the ranks ran in other processes: what can they change in this notebook?")
 
-
-# Plausible mistakes, each run as a real rank by the tests.
-
-def whoami_hard_coded():
-    return (0, 2)
-
-
-def whoami_from_environment():
-    return (os.environ["RANK"], os.environ["WORLD_SIZE"])
-
-
-def whoami_swapped():
-    return (dist.get_world_size(), dist.get_rank())
-
-
-def whoami_rank_and_hard_coded_world():
-    return (dist.get_rank(), 2)
-
-
-RIGHT_LINES = ["[rank0] rank 0 has total 1"]
-
-WRONG_ANSWERS = {
-    check_whoami: [
-        wrong_answer("hard-codes rank 0 of 2", whoami_hard_coded),
-        wrong_answer("returns the environment's strings, not ints", whoami_from_environment),
-        wrong_answer("swaps rank and world_size", whoami_swapped),
-        wrong_answer("asks the rank but hard-codes world_size 2", whoami_rank_and_hard_coded_world),
-    ],
-    check_where_output_goes: [
-        wrong_answer("expects rank 1's line too",
-                     ["[rank0] rank 0 has total 1", "[rank1] rank 1 has total 2"], [1, 2], 0),
-        wrong_answer("forgets the rank label", ["rank 0 has total 1"], [1, 2], 0),
-        wrong_answer("expects only rank 0's result", RIGHT_LINES, [1], 0),
-        wrong_answer("thinks the ranks share `total`", RIGHT_LINES, [1, 3], 0),
-        wrong_answer("thinks the notebook's `total` changed", RIGHT_LINES, [1, 2], 3),
-    ],
-}

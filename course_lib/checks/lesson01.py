@@ -25,8 +25,8 @@ from ..runtime.shared.env import device_for_rank
 from ..topics.timing import synchronize
 from ..training.data import make_dataset
 from ..training.models import make_model
-from . import expect, expect_close, expect_equal, expect_whole_number, grader, wrong_answer
-from .measured import expect_varies, expect_within_band
+from .engine import expect, expect_close, expect_equal, expect_whole_number, grader, wrong_answer
+from .engine.measured import expect_varies, expect_within_band
 
 BATCH_SIZE = 32          # the exercise times steps of 32 samples
 MIN_TIMED_STEPS = 20     # steps left after the warm-up: enough for a median to mean something

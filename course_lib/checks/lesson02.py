@@ -15,8 +15,8 @@ device it was sent to.
 """
 import torch
 
-from . import describe, expect, grader, wrong_answer
-from .learner_call import call_learner as _call
+from .engine import describe, expect, grader, wrong_answer
+from .engine.learner_call import call_learner as _call
 from ..training import dp
 
 CPU = torch.device("cpu")

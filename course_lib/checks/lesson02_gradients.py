@@ -11,9 +11,9 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from . import describe, expect, expect_close, grader, wrong_answer
-from .learner_call import call_learner as _call
-from .replicas import chunk_of, gradient_scale, replica_forwards
+from .engine import describe, expect, expect_close, grader, wrong_answer
+from .engine.learner_call import call_learner as _call
+from .engine.replicas import chunk_of, gradient_scale, replica_forwards
 
 CPU = torch.device("cpu")
 

@@ -32,9 +32,9 @@ import torch.distributed as dist
 from ..topics.collectives import (_send_right_receive_left, collective_puzzle, count_traffic,
                                  naive_all_reduce, ring_chunks)
 from ..topics.cost_model import AllReduceSweep, fit_alpha_beta, ring_all_reduce_time
-from . import GradingError, expect, expect_close, grader, wrong_answer
-from .measured import expect_recorded
-from .ranks import run_on_ranks
+from .engine import GradingError, expect, expect_close, grader, wrong_answer
+from .engine.measured import expect_recorded
+from .engine.ranks import run_on_ranks
 
 LAUNCH_TIMEOUT_S = 20
 PUZZLE_WORLD_SIZE = 3

@@ -19,10 +19,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from . import expect, grader, wrong_answer
-from .oracle import close, large_batch_sgd
-from .ranks import run_on_ranks
-from .replicas import gradient_scale
+from .engine import expect, grader, wrong_answer
+from .engine.oracle import close, large_batch_sgd
+from .engine.ranks import run_on_ranks
+from .engine.replicas import gradient_scale
 from ..training.data import make_dataset
 from ..training.models import make_model, make_model_with_batchnorm
 

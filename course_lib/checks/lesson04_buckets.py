@@ -16,8 +16,8 @@ import math
 import statistics
 from collections.abc import Mapping
 
-from . import GradingError, expect, grader, wrong_answer
-from .remeasure import expect_like_this_machine
+from .engine import GradingError, expect, grader, wrong_answer
+from .engine.remeasure import expect_like_this_machine
 from ..topics.scaling import StepTiming, time_ddp_steps
 
 BUCKET_WORLD_SIZE = 2

@@ -12,8 +12,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import GradingError, expect, grader, wrong_answer
-from .ranks import run_on_ranks
+from .engine import GradingError, expect, grader, wrong_answer
+from .engine.ranks import run_on_ranks
 from ..topics.timeline import merge_intervals, overlap_fraction
 from ..training.models import make_model
 from ..training.timeline import Span, Timeline, TimelineRecorder

@@ -10,8 +10,8 @@
 import torch
 import torch.distributed as dist
 
-from . import expect, expect_equal, grader, wrong_answer
-from .ranks import run_on_ranks
+from .engine import expect, expect_equal, grader, wrong_answer
+from .engine.ranks import run_on_ranks
 
 LAUNCH_TIMEOUT_S = 90
 # world_size: [(n_samples, epoch, seed, drop_last)]: the easy cases first, then the edges

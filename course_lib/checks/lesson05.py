@@ -22,11 +22,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from .oracle import close, large_batch_sgd
-from .ranks import run_on_ranks
-from . import expect, expect_close, grader, wrong_answer
-from .call_watch import calls_of
-from .learner_call import library_call_hint
+from .engine.oracle import close, large_batch_sgd
+from .engine.ranks import run_on_ranks
+from .engine import expect, expect_close, grader, wrong_answer
+from .engine.call_watch import calls_of
+from .engine.learner_call import library_call_hint
 from ..topics.accumulation import accumulate_with_no_sync
 from ..training.data import make_dataset
 from ..training.models import make_model

@@ -16,7 +16,7 @@ supports, so the grades are the same on a laptop and on a GPU node.
 import torch
 import torch.nn.functional as F
 
-from . import describe, expect, expect_close, grader, wrong_answer
+from .engine import describe, expect, expect_close, grader, wrong_answer
 from .amp_steps import (LR, accumulation_hint, as_float, call_step, clipping_hint,
                         first_layer_dtypes, fp32_loss_and_grad_norm, setup, weights)
 

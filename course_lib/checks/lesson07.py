@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from .ranks import run_on_ranks
+from .engine.ranks import run_on_ranks
 from .resume_run import (FIRST_SAVE_AT, SLOW_SAVE_S, STEPS, STOP_AT, WORLD_SIZE, diagnose,
                          loads_hidden_code, resume_on_rank)
 from . import checkpoint_answers as answers
 from .checkpoint_answers import (reference_load_training_state,  # the exercise's answers
                                  reference_save_training_state)
 from .save_watch import CRASH_POINTS, RENAMES, crash_at, record_file_calls
-from . import expect, expect_close, expect_equal, grader, wrong_answer
+from .engine import expect, expect_close, expect_equal, grader, wrong_answer
 from ..topics.crash_safety import SimulatedCrash, crash_half_way_through_torch_save
 from ..training.checkpoint import write_atomically
 from ..training.models import make_model

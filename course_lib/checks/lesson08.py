@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from . import expect, expect_close, grader, wrong_answer
-from .ranks import run_on_ranks
+from .engine import expect, expect_close, grader, wrong_answer
+from .engine.ranks import run_on_ranks
 from ..topics import pitfalls
 from ..training.data import make_dataset
 from ..runtime.shared.env import device_for_rank

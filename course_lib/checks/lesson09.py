@@ -25,8 +25,8 @@ import numpy as np
 from ..topics.cost_model import naive_all_reduce_time, ring_all_reduce_time
 from ..topics.scaling import ScalingRuns
 from .. import cpu_cores
-from . import expect, expect_close, expect_value_error, grader, wrong_answer
-from .measured import expect_recorded
+from .engine import expect, expect_close, expect_value_error, grader, wrong_answer
+from .engine.measured import expect_recorded
 
 # -- Exercise 1: scaling efficiency on this machine (a measurement) ------------------------------
 

@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Subset
 
-from . import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
-from .measured import expect_recorded, unit_slip
-from .ranks import run_on_ranks
+from .engine import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
+from .engine.measured import expect_recorded, unit_slip
+from .engine.ranks import run_on_ranks
 from ..topics.input_pipeline import (READ_SECONDS, DataWait, SlowDataset, device_step,
                                      measure_data_wait, neighbour_features, precompute_features,
                                      shutdown_workers)

@@ -18,8 +18,8 @@ import numbers
 
 import torch
 
-from . import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
-from .call_watch import calls_of
+from .engine import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
+from .engine.call_watch import calls_of
 from ..topics.memory import (RECIPES, GiB, Recipe, estimate_memory, fitting_recipes,
                              measure_training_step)
 from ..training.data import N_CLASSES, N_FEATURES

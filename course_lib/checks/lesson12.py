@@ -26,9 +26,9 @@ import torch.distributed as dist
 from .. import gpu_count
 from ..topics import cost_model
 from ..topics.cluster import rank_layout
-from . import GradingError, expect, expect_close, expect_equal, grader, wrong_answer
-from .measured import expect_within_band, unit_slip
-from .ranks import run_on_ranks
+from .engine import GradingError, expect, expect_close, expect_equal, grader, wrong_answer
+from .engine.measured import expect_within_band, unit_slip
+from .engine.ranks import run_on_ranks
 
 # (nnodes, nproc_per_node): nnodes != nproc_per_node in most, so swapping the two shows.
 LAYOUTS = [(2, 4), (3, 2), (4, 8), (1, 3), (2, 1), (5, 3)]

@@ -28,12 +28,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import expect, grader, hanging_wrong_answer, wrong_answer
+from .engine import expect, grader, hanging_wrong_answer, wrong_answer
 from . import wrong_fixes as wrong
 from .loader_timing import loader_on_rank
 from .noise_probe import FAR_STEP, first_collision, fingerprints_on_rank
-from .oracle import close, large_batch_sgd
-from .ranks import run_on_ranks
+from .engine.oracle import close, large_batch_sgd
+from .engine.ranks import run_on_ranks
 from .shard_training import (LR, STEPS, WORLD_SIZE, batches, expect_trained_like_one_process,
                              numbers, train_on_rank, wrapped_on_rank)
 from .slow_disk import ReadTooEarly, slow_disk

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import GradingError, expect, grader, wrong_answer
+from .engine import GradingError, expect, grader, wrong_answer
 from .capstone_crashes import crash_message, trained_without_ddp
 from .capstone_oracle import (EPOCHS, GLOBAL_BATCH_SIZE, MICRO_BATCH_SIZE, SAMPLES, SEED,
                               STEPS_PER_EPOCH, WORLD_SIZE, loss_lines, oracle, rank_share)

@@ -19,10 +19,10 @@ from collections import Counter
 
 import torch
 
-from . import GradingError, expect, grader, wrong_answer
-from .gradient_sync import (DELAYED_STEP, TiedNet, close, one_process, parameter_sizes,
+from .engine import GradingError, expect, grader, wrong_answer
+from .engine.gradient_sync import (DELAYED_STEP, TiedNet, close, one_process, parameter_sizes,
                             state_vector, train_on_rank)
-from .ranks import run_on_ranks
+from .engine.ranks import run_on_ranks
 from . import ddp_mistakes as mistakes
 
 LAUNCH_TIMEOUT_S = 90

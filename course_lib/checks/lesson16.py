@@ -17,10 +17,10 @@ from collections import Counter
 
 import torch
 
-from . import GradingError, describe, expect, grader, wrong_answer
+from .engine import GradingError, describe, expect, grader, wrong_answer
 from . import sharding_mistakes as mistakes
-from .gradient_sync import TiedNet, close
-from .ranks import run_on_ranks
+from .engine.gradient_sync import TiedNet, close
+from .engine.ranks import run_on_ranks
 from .sharding import (GATHER_CASES, PLAN, fsdp_on_rank, gather_on_rank, one_process_adamw, one_process_stack,
                        padded_sizes, shard_for, zero_on_rank)
 

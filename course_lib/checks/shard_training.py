@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector
 
-from . import expect
-from .oracle import close
+from .engine import expect
+from .engine.oracle import close
 from ..topics.traffic import count_traffic
 from ..training.data import make_dataset
 from ..training.models import make_model

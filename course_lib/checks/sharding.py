@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .gradient_sync import TiedNet, batches, one_process, shard, train_on_shards
+from .engine.gradient_sync import TiedNet, batches, one_process, shard, train_on_shards
 
 STEPS, ADAMW = 3, dict(lr=0.05, weight_decay=0.1)
 FEATURES, CLASSES, GLOBAL_BATCH_SIZE, SGD_LR = 16, 4, 12, 0.2

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from course_lib import launch
-from course_lib.checks import GradingError, lesson04_buckets as lesson04, passed_line
-from course_lib.checks.remeasure import expect_like_this_machine
+from course_lib.checks import lesson04_buckets as lesson04
+from course_lib.checks.engine import GradingError, passed_line
+from course_lib.checks.engine.remeasure import expect_like_this_machine
 from course_lib.topics.scaling import time_ddp_steps
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from course_lib.authoring.cells import is_solution_only
-from course_lib.checks import GradingError, passed_line
+from course_lib.checks.engine import GradingError, passed_line
 from course_lib.checks import lesson14
 from course_lib.checks.capstone_oracle import EPOCHS, STEPS_PER_EPOCH, oracle
 from course_lib.checks.edited_scripts import (EVERY_RANK_SAVES, NCCL_ON_THE_CPU, NO_PROCESS_GROUP,

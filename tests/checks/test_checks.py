@@ -1,40 +1,35 @@
 """The grading helpers, and every lesson grader's duty: reject three plausible wrong answers.
 
-Lesson graders are found in course_lib/checks/lessonNN.py; their WRONG_ANSWERS drive the tests.
-The other half, correct answers written differently from the solutions, is in
-tests/checks/test_checks_alternatives.py.
+Lesson graders are found in course_lib/checks/lessonNN (a module or a package); the wrong answers
+that drive these tests are in tests/checks/answers/lessonNN.py, beside the correct alternatives
+that tests/checks/test_checks_alternatives.py runs.
 """
-import importlib
-import pkgutil
-import types
-
 import pytest
 import torch
 
-import course_lib.checks as checks
-from course_lib.checks import (GradingError, WrongAnswer, describe, expect, expect_close,
-                               expect_equal, grader, wrong_answer)
+from answers import WrongAnswer, all_graders, answer_modules, case_id, wrong_answer
+from course_lib.checks.engine import GradingError, describe, expect, expect_close, expect_equal, grader
 
 MIN_WRONG_ANSWERS = 3
 
 
-def lesson_grader_modules():
-    return [importlib.import_module(f"{checks.__name__}.{info.name}")
-            for info in pkgutil.iter_modules(checks.__path__) if info.name.startswith("lesson")]
+def declared_wrong_answers() -> dict:
+    """grader -> its wrong answers, from every tests/checks/answers/lessonNN.py."""
+    declared = {}
+    for module in answer_modules():
+        for check, wrongs in getattr(module, "WRONG_ANSWERS", {}).items():
+            declared.setdefault(check, []).extend(wrongs)
+    return declared
 
 
-def graders_of(module):
-    """The graders a lesson module defines: functions made by @grader in that module."""
-    return [value for value in vars(module).values()
-            if callable(value) and hasattr(value, "exercise")
-            and getattr(value, "__module__", None) == module.__name__]
+def slow_checks() -> set:
+    return {check for module in answer_modules() for check in getattr(module, "SLOW_CHECKS", ())}
 
 
-def missing_wrong_answers(module) -> list:
-    """'check_x has 1 wrong answer' for each grader short of MIN_WRONG_ANSWERS."""
-    declared = getattr(module, "WRONG_ANSWERS", {})
-    return [f"{module.__name__}.{check.__name__} has {len(declared.get(check, []))} wrong answers"
-            for check in graders_of(module) if len(declared.get(check, [])) < MIN_WRONG_ANSWERS]
+def missing_wrong_answers(graders, declared) -> list:
+    """'check_x has 1 wrong answers' for each grader short of MIN_WRONG_ANSWERS."""
+    return [f"{check.__module__}.{check.__name__} has {len(declared.get(check, []))} wrong answers"
+            for check in graders if len(declared.get(check, [])) < MIN_WRONG_ANSWERS]
 
 
 def accepted_wrong_answer(check, wrong: WrongAnswer, capsys) -> str:
@@ -49,23 +44,21 @@ def accepted_wrong_answer(check, wrong: WrongAnswer, capsys) -> str:
     return "accepted it"
 
 
-LESSON_MODULES = lesson_grader_modules()
+GRADERS = all_graders()
+WRONG_ANSWERS = declared_wrong_answers()
+SLOW = slow_checks()
 WRONG_ANSWER_CASES = [
-    pytest.param(check, wrong, id=f"{module.__name__.rsplit('.', 1)[-1]}.{check.__name__}:"
-                                  f"{wrong.description}",
-                 marks=[pytest.mark.slow] if getattr(module, "SLOW", False) or wrong.slow
-                 or check in getattr(module, "SLOW_CHECKS", ()) else [])
-    for module in LESSON_MODULES
-    for check, wrongs in getattr(module, "WRONG_ANSWERS", {}).items()
-    for wrong in wrongs
+    pytest.param(check, wrong, id=case_id(check, wrong.description),
+                 marks=[pytest.mark.slow] if wrong.slow or check in SLOW else [])
+    for check, wrongs in WRONG_ANSWERS.items() for wrong in wrongs
 ]
 
 
-@pytest.mark.parametrize("module", LESSON_MODULES, ids=lambda module: module.__name__)
-def test_every_grader_declares_three_wrong_answers(module):
-    assert not missing_wrong_answers(module), (
-        "declare at least three plausible wrong answers per grader in WRONG_ANSWERS: "
-        + "; ".join(missing_wrong_answers(module)))
+@pytest.mark.parametrize("lesson", sorted(GRADERS))
+def test_every_grader_has_three_wrong_answers(lesson):
+    missing = missing_wrong_answers(GRADERS[lesson], WRONG_ANSWERS)
+    assert not missing, (f"declare at least three plausible wrong answers per grader in "
+                         f"tests/checks/answers/{lesson}.py's WRONG_ANSWERS: " + "; ".join(missing))
 
 
 @pytest.mark.parametrize("check, wrong", WRONG_ANSWER_CASES)
@@ -74,39 +67,44 @@ def test_grader_rejects_wrong_answer(check, wrong, capsys):
     assert not problem, f"{check.__name__} {problem} (wrong answer: {wrong.description})"
 
 
-# The machinery above, on a made-up lesson module.
+def test_every_wrong_answer_is_for_a_real_grader():
+    graders = {check for checks in GRADERS.values() for check in checks}
+    strays = [case_id(check, "") for check in WRONG_ANSWERS if check not in graders]
+    assert not strays, f"wrong answers for functions that are no lesson's grader: {strays}"
 
-def make_lesson_module(wrong_answers_for_double):
-    module = types.ModuleType("course_lib.checks.lesson99")
 
+# The machinery above, on a made-up grader.
+
+def double_grader():
     @grader("double")
     def check_double(double):
         expect_equal(double(3), 6, "double(3)", hint="multiply by two")
 
-    check_double.__module__ = module.__name__
-    module.check_double = check_double
-    module.WRONG_ANSWERS = {check_double: wrong_answers_for_double}
-    return module
+    check_double.__module__ = "course_lib.checks.lesson99"
+    return check_double
 
 
 def test_machinery_finds_a_grader_short_of_wrong_answers():
-    module = make_lesson_module([wrong_answer("adds one", lambda x: x + 1)])
-    assert graders_of(module) == [module.check_double]
-    assert missing_wrong_answers(module) == [
+    check = double_grader()
+    assert missing_wrong_answers([check], {check: [wrong_answer("adds one", lambda x: x + 1)]}) == [
         "course_lib.checks.lesson99.check_double has 1 wrong answers"]
-    full = make_lesson_module([wrong_answer("adds one", lambda x: x + 1),
-                               wrong_answer("squares", lambda x: x * x),
-                               wrong_answer("adds two", lambda x: x + 2)])
-    assert missing_wrong_answers(full) == []
+    full = [wrong_answer("adds one", lambda x: x + 1), wrong_answer("squares", lambda x: x * x),
+            wrong_answer("adds two", lambda x: x + 2)]
+    assert missing_wrong_answers([check], {check: full}) == []
 
 
 def test_machinery_flags_accepted_and_crashing_wrong_answers(capsys):
-    check = make_lesson_module([]).check_double
+    check = double_grader()
     assert accepted_wrong_answer(check, wrong_answer("adds one", lambda x: x + 1), capsys) == ""
     assert accepted_wrong_answer(check, wrong_answer("right", lambda x: 2 * x), capsys) == \
         "accepted it"
     crashing = accepted_wrong_answer(check, wrong_answer("crashes", lambda x: x / "a"), capsys)
     assert crashing.startswith("raised TypeError")
+
+
+def test_graders_are_found_in_lesson_packages_too():
+    found = {check.__name__ for check in GRADERS["lesson04"]}
+    assert {"check_indices_for_rank", "check_best_bucket_cap"} <= found, found
 
 
 # The grading helpers.

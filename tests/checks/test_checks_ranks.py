@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib.checks import GradingError, grader
-from course_lib.checks.ranks import failure_verdict, run_on_ranks, without_grader_frames
+from course_lib.checks.engine import GradingError, grader
+from course_lib.checks.engine.ranks import failure_verdict, run_on_ranks, without_grader_frames
 from course_lib.runtime.shared.errors import DistributedRunError, RankFailure
 
 pytestmark = pytest.mark.timeout(120)

@@ -2,7 +2,8 @@
 answer is rejected at the step it skips, with a hint that names the replica (or the gradient)."""
 import pytest
 
-from course_lib.checks import GradingError, lesson02_gradients
+from course_lib.checks import lesson02_gradients
+from course_lib.checks.engine import GradingError
 
 WHERE_EACH_MISTAKE_SHOWS = {
     "one device's backward, no DataParallel at all": "the samples one forward ran on",

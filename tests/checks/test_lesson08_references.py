@@ -2,7 +2,8 @@
 exercise) pass their graders; each broken snippet, declared a wrong answer, does not."""
 import pytest
 
-from course_lib.checks import lesson08, passed_line
+from course_lib.checks import lesson08
+from course_lib.checks.engine import passed_line
 from course_lib.topics import pitfalls
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,7 +10,8 @@ import warnings
 import pytest
 from torch.utils.data import DataLoader
 
-from course_lib.checks import GradingError, lesson10
+from course_lib.checks import lesson10
+from course_lib.checks.engine import GradingError
 from course_lib.topics.input_pipeline import DataWait, SlowDataset, device_step, measure_data_wait
 
 pytestmark = pytest.mark.timeout(300)

@@ -2,7 +2,7 @@
 it sees the function under any name, only inside its block, and leaves a profiler it finds."""
 import sys
 
-from course_lib.checks.call_watch import calls_of
+from course_lib.checks.engine.call_watch import calls_of
 from course_lib.topics import memory
 from course_lib.topics.memory import fitting_recipes as renamed
 

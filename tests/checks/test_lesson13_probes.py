@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib import launch
-from course_lib.checks import GradingError, lesson13, noise_probe, wrong_fixes
+from course_lib.checks import lesson13, noise_probe, wrong_fixes
+from course_lib.checks.engine import GradingError
 from course_lib.checks.slow_disk import WRITE_SECONDS, ReadTooEarly, slow_disk
 
 CHECKS = Path(__file__).resolve().parents[2] / "course_lib" / "checks"

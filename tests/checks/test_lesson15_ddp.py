@@ -13,8 +13,9 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course_lib import launch
-from course_lib.checks import GradingError, lesson15
-from course_lib.checks.gradient_sync import TiedNet, WatchAllReduces
+from course_lib.checks import lesson15
+from course_lib.checks.engine import GradingError
+from course_lib.checks.engine.gradient_sync import TiedNet, WatchAllReduces
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib import launch
-from course_lib.checks import GradingError, lesson01, lesson03, lesson09, lesson12, passed_line
+from course_lib.checks import lesson01, lesson03, lesson09, lesson12
+from course_lib.checks.engine import GradingError, passed_line
 from course_lib.topics import cost_model, scaling
 
 pytestmark = [pytest.mark.timeout(300),
@@ -101,7 +102,7 @@ def test_throughput_in_microseconds_is_rejected_against_this_machine():
 @pytest.mark.parametrize("ratio, unit", [(1e3, "milliseconds"), (2e-3, "milliseconds"),
                                          (1.5e6, "microseconds"), (1e-9, "GB/s"), (10, None)])
 def test_a_figure_a_thousandfold_off_is_named_a_unit_slip(ratio, unit):
-    from course_lib.checks.measured import unit_slip
+    from course_lib.checks.engine.measured import unit_slip
 
     assert (unit in unit_slip(ratio)) if unit else unit_slip(ratio) == ""
 

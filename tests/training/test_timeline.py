@@ -264,7 +264,7 @@ def test_data_parallel_replicas_get_their_own_lanes():
 
 def test_the_hidden_share_grader_names_each_mistake():
     """Lesson 04's exercise 4: every wrong answer is rejected with a hint of its own."""
-    from course_lib.checks import GradingError
+    from course_lib.checks.engine import GradingError
     from course_lib.checks import lesson04_overlap as lesson04  # exercise 4's own module
 
     hints = {}

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from ..training.models import make_model
+from ...training.models import make_model
 
 
 def large_batch_sgd(batches, lr: float, before_each_step=None):

@@ -21,8 +21,8 @@ def run_on_ranks(fn, *args, nprocs: int = 2, what: str, hang_hint: str,
 
     `crash_hint` may be a function of the root cause (a RankFailure) that returns the hint.
     """
-    from ..runtime.shared.errors import DistributedRunError
-    from ..runtime.launcher.launch import launch
+    from ...runtime.shared.errors import DistributedRunError
+    from ...runtime.launcher.launch import launch
 
     try:
         with warnings.catch_warnings():  # e.g. "2 ranks on 1 CPU core" must not reach the check cell
