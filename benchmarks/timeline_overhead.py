@@ -18,7 +18,7 @@ the all-reduce alone as DDP's C++ path issues it, torch's own Python `allreduce_
 recorder's hook while recording (a bucket, and the last one), each called on one bucket-sized
 buffer and waited for. The recorder's hook does what `allreduce_hook` does (divide, all-reduce,
 one callback on the all-reduce's future, which gloo's thread runs) plus two clock readings; for
-the last bucket it waits itself instead of the callback (see course_lib/training/timeline.py).
+the last bucket it waits itself instead of the callback (see course_lib/training/timeline_recorder.py).
 
     python benchmarks/timeline_overhead.py [--nprocs 2] [--rounds 20] [--hidden 512] [--batch-size 64]
 """
@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from course_lib import launch
 from course_lib.training.data import make_dataset
 from course_lib.training.models import make_model
-from course_lib.training.timeline import TimelineRecorder
+from course_lib.training.timeline_recorder import TimelineRecorder
 from course_lib.training.trainers import TrainConfig, Trainer
 
 TARGET = 1.03

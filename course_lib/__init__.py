@@ -11,8 +11,9 @@ Its layers, each importing only the ones listed before it:
     examples/   scripts the lessons run under torchrun
 
 The names learners type every day are importable from here (lazily, so `import course_lib`
-stays fast): `from course_lib import launch, spawn, Trainer, TrainConfig, make_dataset, make_model,
-device_for_rank`.
+stays fast): `launch`, `spawn`, `DistributedSession`, `DistributedRunError`, `Trainer`, `TrainConfig`,
+`make_dataset`, `make_model`, `device_for_rank`, `gpu_count`, `current_session`. Nothing else: the
+rest lives in the layer that owns it.
 """
 import importlib
 
@@ -27,10 +28,6 @@ _EXPORTS = {
     "current_session": "course_lib.runtime.launcher.magic",
     "device_for_rank": "course_lib.runtime.shared.env",
     "gpu_count": "course_lib.runtime.shared.env",
-    "cpu_cores": "course_lib.runtime.shared.env",
-    "choose_start_method": "course_lib.runtime.shared.env",
-    "threads_per_rank": "course_lib.runtime.shared.env",
-    "free_port": "course_lib.topics.cluster",
     "Trainer": "course_lib.training.trainers",
     "TrainConfig": "course_lib.training.trainers",
     "make_dataset": "course_lib.training.data",

@@ -6,10 +6,10 @@ import sys
 COMMANDS = {
     "doctor": ("course_lib.runtime.launcher.doctor", "main", "check this machine can run the course"),
     "train": ("course_lib.training.train_cli", "main", "train the course model (plainly or under torchrun)"),
-    "build-lessons": ("course_lib.authoring", "build_lessons_main", "write lessons/ from solutions/"),
-    "check": ("course_lib.authoring", "check_main", "grade your lesson NN's exercises"),
-    "run-solutions": ("course_lib.authoring", "run_solutions_main", "execute the solution notebooks"),
-    "pacing": ("course_lib.authoring.pacing", "pacing_main", "each lesson's minutes, from the pacing model"),
+    "build-lessons": ("course_lib.authoring.commands", "build_lessons_main", "write lessons/ from solutions/"),
+    "check": ("course_lib.authoring.commands", "check_main", "grade your lesson NN's exercises"),
+    "run-solutions": ("course_lib.authoring.commands", "run_solutions_main", "execute the solution notebooks"),
+    "pacing": ("course_lib.authoring.commands", "pacing_main", "each lesson's minutes, from the pacing model"),
 }
 
 

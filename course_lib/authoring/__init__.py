@@ -1,6 +1,20 @@
-"""Authoring the course's notebooks: build lessons from solutions, grade them, execute them.
+"""Authoring the course's notebooks: the commands on top, the pipelines they call below.
 
-The CLI's build-lessons, check and run-solutions commands call the three `*_main` functions.
+    commands       check, build-lessons, run-solutions, pacing: flags in, reports printed
+    build          lessons/ from solutions/: exercises become stubs, no outputs, deterministic
+    grading        one learner's notebook: the course's check cells put back, run under nbval
+    gradebook      a class: its submissions found, each graded, one row per learner and exercise
+    run_solutions  the solutions executed with nbclient: pass/fail, seconds, device
+    slurm_run      run-solutions as a SLURM batch job: submit it, follow it, read its report
+    pacing         each lesson's minutes, from a model written down
+    restore        the course's check cells put back into a submission
+    cells          the roles of a cell (exercise, check, solution-only) and their markers
+    layout         where the course's notebooks are, and their names
+    sanitize       nbval's rules for output that varies from run to run
+    scrub          machine paths out of stored outputs, colours out of reported tracebacks
+
+commands imports the pipelines and no pipeline imports it; no module here is in an import circle
+with another (tests/test_layout.py says so).
 
 A maintainer's loop, from the course folder:
     edit solutions/NN_topic.ipynb (solution code between `### BEGIN SOLUTION` / `### END SOLUTION`)
@@ -11,8 +25,3 @@ A maintainer's loop, from the course folder:
 An instructor's run on a GPU node reached through SLURM:
     python -m course_lib run-solutions --slurm --partition P --gpus-per-node N   # the same, through SLURM
 """
-from .build import build_lessons_main
-from .check import check_main
-from .run_solutions import run_solutions_main
-
-__all__ = ["build_lessons_main", "check_main", "run_solutions_main"]

@@ -3,7 +3,6 @@ no code cell keeps an output (an unsolved exercise shows no verdict).
 
 Deterministic: the same solution always gives the same bytes, so `--check` can spot a stale lesson.
 """
-import argparse
 import copy
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import nbformat
 from ..checks.engine import passed_line
 from .cells import (BEGIN_SOLUTION, END_SOLUTION, SKELETON_STEP, STUB, is_check_cell, is_code,
                     is_solution_only)
-from .layout import LESSONS, SOLUTIONS, course_notebooks, find_course_root, matches_numbers
+from .layout import LESSONS, SOLUTIONS, course_notebooks, matches_numbers
 from .scrub import scrub_outputs
 
 MARKDOWN_STUB = "YOUR ANSWER HERE"
@@ -101,8 +100,9 @@ def render(nb) -> bytes:
     return (nbformat.writes(nb) + "\n").encode("utf-8")
 
 
-def build_lessons(root: Path, check: bool = False, only=()) -> list:
-    """Write (or, with `check`, compare) every lesson (or those `only` names).
+def build_lessons(root: Path, check: bool = False, only=(), say=lambda line: None) -> list:
+    """Write (or, with `check`, compare) every lesson (or those `only` names), calling `say` with
+    a line for each lesson that is up to date or written.
 
     Returns the problems found. A solution that cannot be built is one problem: the other
     lessons are still built.
@@ -119,36 +119,17 @@ def build_lessons(root: Path, check: bool = False, only=()) -> list:
             continue
         current = lesson_path.read_bytes() if lesson_path.exists() else None
         if current == wanted:
-            print(f"up to date  {LESSONS}/{lesson_path.name}")
+            say(f"up to date  {LESSONS}/{lesson_path.name}")
         elif check:
             problems.append(f"{LESSONS}/{lesson_path.name} is "
                             f"{'missing' if current is None else 'out of date'}")
         else:
             lesson_path.parent.mkdir(exist_ok=True)
             lesson_path.write_bytes(wanted)
-            print(f"wrote       {LESSONS}/{lesson_path.name}")
+            say(f"wrote       {LESSONS}/{lesson_path.name}")
     solution_names = {path.name for path in solutions}
     for lesson_path in course_notebooks(root / LESSONS):
         if lesson_path.name not in solution_names and matches_numbers(lesson_path, only):
             problems.append(f"{LESSONS}/{lesson_path.name} has no {SOLUTIONS}/{lesson_path.name}; "
                             f"delete the lesson or add its solution")
     return problems
-
-
-def build_lessons_main(argv) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib build-lessons",
-                                     description="Write lessons/ from solutions/.")
-    parser.add_argument("--check", action="store_true",
-                        help="change nothing; fail when lessons/ is not what a build would write")
-    parser.add_argument("--only", action="append", default=[], metavar="NN",
-                        help="build only lesson NN (repeat it, or give a list: --only 3,4)")
-    parser.add_argument("--root", type=Path, default=None,
-                        help="the course folder (default: found from the current folder)")
-    args = parser.parse_args(argv)
-    root = find_course_root(args.root)
-    problems = build_lessons(root, check=args.check, only=args.only)
-    for problem in problems:
-        print(f"problem     {problem}")
-    if problems and args.check:
-        print("lessons/ is stale: run `python -m course_lib build-lessons` and commit lessons/")
-    return 1 if problems else 0

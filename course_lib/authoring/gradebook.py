@@ -1,16 +1,16 @@
 """A class's gradebook: one row per learner and exercise, from a lesson's submissions.
 
-Each submission is graded in its own process and folder, with a timeout (check.grade); the rows
-are printed as a table and written as CSV or JSON for a spreadsheet or an LMS.
+A pipeline of plain functions: find the submissions, grade each in its own process and folder with
+a timeout (grading.grade), turn each grade into rows, write the rows as CSV or JSON for a
+spreadsheet or an LMS. commands.py prints them as a table.
 """
 import csv
 import json
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cells import exercise_name
-from .check import grade
+from .grading import DEFAULT_CELL_TIMEOUT_S, DEFAULT_TIMEOUT_S, grade
 from .layout import NOTEBOOK_NAME
 
 CHECKPOINTS = ".ipynb_checkpoints"
@@ -76,38 +76,14 @@ def rows_of(learner: str, result) -> list:
     return rows
 
 
-def grade_class(solution: Path, submissions, args) -> int:
-    """Grade every submission, print a table, write CSV/JSON; 0 when every exercise passes."""
-    from tqdm.auto import tqdm
-
-    found = find_submissions(submissions, solution.name)
+def grade_class(solution: Path, submissions, timeout_s: float = DEFAULT_TIMEOUT_S,
+                cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S) -> list:
+    """The rows of every (learner, notebook) in `submissions`, graded with `solution`'s check cells,
+    one after the other."""
     rows = []
-    bar = tqdm(found, desc=f"grading {solution.stem}", unit="notebook", file=sys.stderr)
-    for learner, notebook in bar:
-        bar.set_postfix_str(learner)
-        rows += rows_of(learner, grade(notebook, solution, args.timeout, args.cell_timeout))
-    bar.close()
-    print_table(rows)
-    if args.csv:
-        write_csv(rows, args.csv)
-    if args.json:
-        args.json.write_text(json.dumps({"lesson": solution.name, "rows": [asdict(row) for row in rows]},
-                                        indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return 0 if all(row.result == "pass" for row in rows) else 1
-
-
-def print_table(rows) -> None:
-    width = max(len(row.learner) for row in rows)
-    print(f"{'learner':<{width}}  result  exercise")
-    for row in rows:
-        print(f"{row.learner:<{width}}  {row.result:<6}  {row.exercise}")
-        if row.result != "pass" and row.message:
-            print(" " * (width + 10) + row.message.splitlines()[0][:150])
-        if row.note:
-            print(" " * (width + 10) + f"note: {row.note}")
-    learners = {row.learner for row in rows}
-    passing = sum(row.result == "pass" for row in rows)
-    print(f"{passing} of {len(rows)} exercises pass, {len(learners)} learners.")
+    for learner, notebook in submissions:
+        rows += rows_of(learner, grade(notebook, solution, timeout_s, cell_timeout_s))
+    return rows
 
 
 def write_csv(rows, path: Path) -> None:
@@ -115,3 +91,8 @@ def write_csv(rows, path: Path) -> None:
         writer = csv.DictWriter(file, fieldnames=list(Row.__dataclass_fields__))
         writer.writeheader()
         writer.writerows(asdict(row) for row in rows)
+
+
+def write_json(rows, path: Path, lesson: str) -> None:
+    Path(path).write_text(json.dumps({"lesson": lesson, "rows": [asdict(row) for row in rows]},
+                                     indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

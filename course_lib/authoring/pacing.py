@@ -5,7 +5,6 @@ Each lesson's first cell states "about N minutes (R reading and running, E for t
 restates the first cells; then build-lessons), and tests/authoring/test_pacing.py fails when a first
 cell or the README's total says otherwise.
 """
-import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,6 @@ from pathlib import Path
 import nbformat
 
 from .cells import BEGIN_SOLUTION, END_SOLUTION, exercise_name, is_check_cell, is_solution_only
-from .layout import SOLUTIONS, course_notebooks, find_course_root
 
 PROSE_WORDS_PER_MINUTE = 180  # technical prose read to understand it (plain text: about 250)
 CODE_LINES_PER_MINUTE = 10    # code read line by line, to follow what it does
@@ -132,6 +130,23 @@ def restate(first_cell: str, lesson: Pace) -> str:
                                 f"{m.group(5)}{lesson.exercise_minutes}{m.group(7)}", first_cell, count=1)
 
 
+def stated_in(path: Path):
+    """stated() of the first cell of the notebook at `path`."""
+    return stated(nbformat.read(path, as_version=4).cells[0].source)
+
+
+def restate_notebook(path: Path, lesson: Pace) -> bool:
+    """Restate the first cell of the notebook at `path` with the model's minutes where it states
+    other ones; whether the file changed."""
+    notebook = nbformat.read(path, as_version=4)
+    said = stated(notebook.cells[0].source)
+    if not said or said == (lesson.minutes, lesson.reading_and_running, lesson.exercise_minutes):
+        return False
+    notebook.cells[0].source = restate(notebook.cells[0].source, lesson)
+    nbformat.write(notebook, path)
+    return True
+
+
 def _exercise_minutes(check_cell) -> float:
     name = exercise_name(check_cell)
     return EXERCISE_MINUTES.get(EXERCISE_KINDS.get(name), 0) * EXERCISE_SIZE.get(name, 1)
@@ -152,25 +167,3 @@ def _read_lines(source: str) -> list:
 
 def _to_five(minutes: float) -> int:
     return max(5, int(5 * round(minutes / 5)))
-
-
-def pacing_main(argv) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib pacing",
-                                     description="Each lesson's minutes, from the pacing model.")
-    parser.add_argument("--write", action="store_true",
-                        help="restate each solution's first cell with the model's minutes")
-    args = parser.parse_args(argv)
-    total = 0
-    print("lesson  minutes  reading+running  exercises  stated    pause before")
-    for path in course_notebooks(find_course_root() / SOLUTIONS):
-        notebook = nbformat.read(path, as_version=4)
-        lesson, said = pace(path), stated(notebook.cells[0].source)
-        total += lesson.minutes
-        print(f"{lesson.lesson:<6}  {lesson.minutes:>7}  {lesson.reading_and_running:>15}  "
-              f"{lesson.exercise_minutes:>9}  {said!s:<8}  {lesson.pause_before}")
-        if args.write and said and said != (lesson.minutes, lesson.reading_and_running,
-                                           lesson.exercise_minutes):
-            notebook.cells[0].source = restate(notebook.cells[0].source, lesson)
-            nbformat.write(notebook, path)
-    print(f"in all about {total / 60:.1f} hours")
-    return 0

@@ -1,22 +1,20 @@
 """Executing the solution notebooks with nbclient: pass/fail, seconds and device per notebook.
 
 Instructors run it on GPU nodes before a class; `--write` stores the outputs (maintainers only).
+A run's report is JSON too: a SLURM job's node writes it, the login node reads it (slurm_run.py).
 """
-import argparse
 import asyncio
-import sys
+import json
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
 
 from ..runtime.shared import env
 from ..runtime.launcher.doctor import gpu_descriptions
-from .check import ANSI_COLOR
-from .layout import SOLUTIONS, course_notebooks, find_course_root, matches_numbers
-from .scrub import scrub_outputs
-from . import slurm_run
+from .scrub import scrub_outputs, uncolored
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -75,7 +73,7 @@ async def _execute_within(client, folder: Path, timeout_s: float) -> str:
 
 def first_error_line(failure: Exception) -> str:
     """The line naming the exception in nbclient's message (e.g. 'ValueError: bad shape')."""
-    text = ANSI_COLOR.sub("", str(failure))
+    text = uncolored(str(failure))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     named = [line for line in lines if getattr(failure, "ename", "\0") in line]
     return (named or lines or [type(failure).__name__])[-1][:160]
@@ -92,53 +90,18 @@ def describe_device(nprocs: int = 2) -> str:
     return ", ".join(groups) + (f" ({backend})" if backend == "nccl" else f" ({backend}: {why})")
 
 
-def print_table(runs, device: str) -> None:
-    rows = [("notebook", "result", "seconds", "device")]
-    rows += [(run.name, "pass" if run.passed else f"FAIL {run.error}", f"{run.seconds:.1f}", device)
-             for run in runs]
-    widths = [max(len(row[column]) for row in rows) for column in range(3)]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+def store_outputs(nb, path: Path, root: Path) -> None:
+    """Write the executed notebook back to `path`, machine paths scrubbed from its outputs."""
+    nbformat.write(scrub_outputs(nb, root), path)
 
 
-def run_solutions_main(argv) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib run-solutions",
-                                     description="Execute the solution notebooks with nbclient.")
-    parser.add_argument("--only", action="append", default=[], metavar="NN",
-                        help="run only lesson NN (repeat it, or give a list: --only 3,4)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                        help=f"seconds each notebook may take (default {DEFAULT_TIMEOUT_S})")
-    parser.add_argument("--write", action="store_true",
-                        help="store the outputs of each passing notebook back into it "
-                             "(machine paths scrubbed); then run build-lessons")
-    parser.add_argument("--root", type=Path, default=None,
-                        help="the course folder (default: found from the current folder)")
-    slurm_run.add_arguments(parser)
-    args = parser.parse_args(argv)
-    root = find_course_root(args.root)
-    notebooks = [path for path in course_notebooks(root / SOLUTIONS)
-                 if matches_numbers(path, args.only)]
-    if not notebooks:
-        print(f"no solution notebooks to run in {root / SOLUTIONS}"
-              + (f" for --only {','.join(args.only)}" if args.only else ""), file=sys.stderr)
-        return 2
-    if args.slurm:  # the same run, on a compute node: its report printed here
-        return slurm_run.run_solutions_on_slurm(args, root, notebooks, print_table)
-    device = describe_device()
-    runs = []
-    for number, path in enumerate(notebooks, start=1):
-        print(f"[{number}/{len(notebooks)}] running {path.name} ...", flush=True)
-        nb, run = execute(path, args.timeout)
-        runs.append(run)
-        print(f"[{number}/{len(notebooks)}] {'pass' if run.passed else 'FAIL'} {path.name} "
-              f"in {run.seconds:.1f} s", flush=True)
-        if args.write and run.passed:
-            nbformat.write(scrub_outputs(nb, root), path)
-            print(f"stored its outputs in {SOLUTIONS}/{path.name}; now run "
-                  f"`python -m course_lib build-lessons`", flush=True)
-        elif args.write:
-            print(f"left {SOLUTIONS}/{path.name} as it was, since it failed", flush=True)
-    print_table(runs, device)
-    if args.report_json:
-        slurm_run.write_report(args.report_json, runs, device)
-    return 0 if all(run.passed for run in runs) else 1
+def write_report(path: Path, runs, device: str) -> None:
+    """The runs as JSON, with this machine's name and the device they used."""
+    report = {"node": socket.gethostname(), "device": device, "runs": [asdict(run) for run in runs]}
+    Path(path).write_text(json.dumps(report, indent=1))
+
+
+def read_report(path: Path):
+    """(runs, 'node: device') from a report write_report wrote."""
+    report = json.loads(Path(path).read_text())
+    return [NotebookRun(**run) for run in report["runs"]], f"{report['node']}: {report['device']}"

@@ -1,6 +1,7 @@
 """Keeping machine paths out of committed notebooks: outputs name no /root/, /home/, /tmp/...
 
-Executed outputs (tracebacks, warnings, printed paths) are rewritten before a notebook is stored.
+Executed outputs (tracebacks, warnings, printed paths) are rewritten before a notebook is stored;
+a traceback's terminal colours are taken out before its text is reported.
 """
 import re
 import site
@@ -13,6 +14,8 @@ from pathlib import Path
 KERNEL_CELL_FILE = re.compile(r"[^\s'\"]*/ipykernel_\d+/\d+\.py")
 # Where machine paths hide in absolute form; reported by the tests when a notebook still has one.
 MACHINE_PATH = re.compile(r"(/root/|/home/|/Users/|/tmp/|/work/|/private/var/|[A-Z]:\\Users\\)")
+# A terminal colour code, as IPython colours a traceback (junit XML writes the escape as "#x1B")
+ANSI_COLOR = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*m")
 
 
 def machine_paths(root: Path) -> list:
@@ -31,6 +34,11 @@ def scrub_text(text: str, root: Path) -> str:
     for path, replacement in machine_paths(root):
         text = text.replace(path, replacement)
     return text
+
+
+def uncolored(text: str) -> str:
+    """`text` without its terminal colour codes."""
+    return ANSI_COLOR.sub("", text)
 
 
 def scrub_outputs(nb, root: Path):

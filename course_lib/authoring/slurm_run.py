@@ -1,19 +1,19 @@
 """run-solutions through SLURM: write a batch script, submit it with sbatch, follow the job (queued,
-running, which notebook) and print the node's report, or say why SLURM would not run it.
+running, which notebook) until it ends, or say why SLURM would not run it.
 
 The node runs the same `python -m course_lib run-solutions` (this Python, this course folder: both
-must be on storage the node sees, as a cluster's home usually is) and writes its report as JSON.
+must be on storage the node sees, as a cluster's home usually is) and writes its report as JSON
+(run_solutions.write_report). Plain functions: commands.py says what happens as they run.
 """
-import argparse
-import json
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 RUNS_FOLDER = ".run-solutions"  # in the course folder: the batch scripts, logs and reports
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -26,43 +26,41 @@ class SlurmError(RuntimeError):
     """SLURM is absent, refused the job, or the job ended without a result: the message says which."""
 
 
-def add_arguments(parser) -> None:
-    slurm = parser.add_argument_group("through SLURM (instructors on a cluster)")
-    slurm.add_argument("--slurm", action="store_true",
-                       help="submit one batch job that runs the notebooks on a compute node, "
-                            "follow it, and print its report here")
-    slurm.add_argument("--partition", default=None, help="the SLURM partition (default: the site's)")
-    slurm.add_argument("--gpus-per-node", type=int, default=0, metavar="N",
-                       help="GPUs to ask for (default 0: a CPU node)")
-    slurm.add_argument("--cpus-per-task", type=int, default=4, metavar="N",
-                       help="CPU cores to ask for (default 4)")
-    slurm.add_argument("--time", default="01:00:00", metavar="HH:MM:SS",
-                       help="the job's time limit (default 01:00:00)")
-    # the node's side of --slurm: where it writes its report
-    slurm.add_argument("--report-json", type=Path, default=None, help=argparse.SUPPRESS)
+@dataclass
+class JobRequest:
+    """What the batch job asks SLURM for."""
+
+    partition: Optional[str] = None  # None: the site's default
+    gpus_per_node: int = 0           # 0: a CPU node
+    cpus_per_task: int = 4
+    time_limit: str = "01:00:00"     # SLURM's HH:MM:SS
 
 
-def write_report(path: Path, runs, device: str) -> None:
-    report = {"node": socket.gethostname(), "device": device,
-              "runs": [{"name": run.name, "passed": run.passed, "seconds": run.seconds,
-                        "error": run.error} for run in runs]}
-    Path(path).write_text(json.dumps(report, indent=1))
+@dataclass
+class Job:
+    """A submitted run-solutions job and its files (in the course's RUNS_FOLDER)."""
+
+    id: str
+    script: Path
+    log: Path      # what the job prints; follow() reads the notebook it is at from it
+    report: Path   # the node's report, once the run ends
 
 
-def batch_script(root: Path, folder: Path, args, numbers: list) -> str:
+def batch_script(root: Path, folder: Path, numbers: list, request: JobRequest, timeout_s: float,
+                 write: bool = False) -> str:
     """The job: this Python runs run-solutions on the node, for the notebooks asked for."""
     lines = ["#!/bin/bash", "#SBATCH --job-name=run-solutions", "#SBATCH --nodes=1",
-             "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={args.cpus_per_task}"]
-    if args.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={args.gpus_per_node}")
-    lines.append(f"#SBATCH --time={args.time}")
-    if args.partition:
-        lines.append(f"#SBATCH --partition={args.partition}")
+             "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={request.cpus_per_task}"]
+    if request.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={request.gpus_per_node}")
+    lines.append(f"#SBATCH --time={request.time_limit}")
+    if request.partition:
+        lines.append(f"#SBATCH --partition={request.partition}")
     lines += [f"#SBATCH --output={folder}/run-solutions-%j.out", "", "set -euo pipefail",
               f"cd {shlex.quote(str(root))}"]
     command = [PYTHON, "-m", "course_lib", "run-solutions", "--root", str(root),
-               "--timeout", f"{args.timeout:g}"] + (["--only", ",".join(numbers)] if numbers else [])
-    command += ["--write"] if args.write else []
+               "--timeout", f"{timeout_s:g}"] + (["--only", ",".join(numbers)] if numbers else [])
+    command += ["--write"] if write else []
     lines.append(" ".join(shlex.quote(part) for part in command)
                  + f' --report-json {shlex.quote(str(folder))}/run-solutions-"$SLURM_JOB_ID".json')
     return "\n".join(lines) + "\n"
@@ -161,44 +159,30 @@ def seconds_of(limit: str) -> float:
     return float(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
-def run_solutions_on_slurm(args, root: Path, notebooks: list, print_table) -> int:
-    """The --slurm path of run-solutions; returns its exit code."""
-    from .run_solutions import NotebookRun
-
+def submit_run(root: Path, numbers: list, request: JobRequest, timeout_s: float,
+               write: bool = False) -> Job:
+    """Write the batch script for lessons `numbers` (all: []) and submit it; SlurmError, and no
+    script left behind, where SLURM is absent or refuses."""
+    slurm_command("sbatch", "--version")  # no SLURM here: say so before writing anything
     folder = root / RUNS_FOLDER
+    folder.mkdir(exist_ok=True)
+    script = folder / f"run-solutions-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    script.write_text(batch_script(root, folder, numbers, request, timeout_s, write))
     try:
-        slurm_command("sbatch", "--version")  # no SLURM here: say so before writing anything
-        folder.mkdir(exist_ok=True)
-        numbers = [path.name[:2] for path in notebooks]
-        script = folder / f"run-solutions-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-        script.write_text(batch_script(root, folder, args, numbers))
-        try:
-            job_id = submit(script)
-        except SlurmError:
-            script.unlink()  # refused: no job will ever read it
-            raise
-        print(f"submitted job {job_id} ({len(notebooks)} notebooks, partition "
-              f"{args.partition or 'default'}, {args.gpus_per_node} GPUs, {args.cpus_per_task} CPUs, "
-              f"time limit {args.time}): {script}", flush=True)
-        log, report = folder / f"run-solutions-{job_id}.out", folder / f"run-solutions-{job_id}.json"
-        try:
-            info = follow(job_id, log, say=lambda line: print(line, flush=True),
-                          run_limit_s=seconds_of(args.time) + 120)
-        except KeyboardInterrupt:
-            cancel(job_id)
-            print(f"interrupted: cancelled job {job_id}", file=sys.stderr)
-            return 130
-    except SlurmError as error:
-        print(f"run-solutions --slurm: {error}", file=sys.stderr)
-        return 2
-    if not report.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else ""
-        print(f"run-solutions --slurm: job {job_id} ended {info.get('JobState', 'and was forgotten')} "
-              f"(exit code {info.get('ExitCode', '?')}, reason {info.get('Reason', '?')}) on "
-              f"{info.get('NodeList', '?')} before it wrote its report. The end of its log {log}:\n"
-              f"{tail or '(empty)'}", file=sys.stderr)
-        return 1
-    node = json.loads(report.read_text())
-    runs = [NotebookRun(**run) for run in node["runs"]]
-    print_table(runs, f"{node['node']}: {node['device']}")
-    return 0 if runs and all(run.passed for run in runs) else 1
+        job_id = submit(script)
+    except SlurmError:
+        script.unlink()  # refused: no job will ever read it
+        raise
+    return Job(job_id, script, folder / f"run-solutions-{job_id}.out",
+               folder / f"run-solutions-{job_id}.json")
+
+
+def why_no_report(job: Job, info: dict) -> str:
+    """What to say when the job ended without its report: its state, exit code and reason, where
+    it ran, and the end of its log."""
+    log = job.log
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else ""
+    return (f"job {job.id} ended {info.get('JobState', 'and was forgotten')} "
+            f"(exit code {info.get('ExitCode', '?')}, reason {info.get('Reason', '?')}) on "
+            f"{info.get('NodeList', '?')} before it wrote its report. The end of its log {log}:\n"
+            f"{tail or '(empty)'}")

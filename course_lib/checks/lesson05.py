@@ -15,8 +15,6 @@ the model, how many have run so far (so it sees which micro-batch's backward all
 compares the weights after every optimizer step with one process that trains on the whole global
 batch.
 """
-from contextlib import nullcontext
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -24,7 +22,7 @@ from torch.nn.utils import parameters_to_vector
 
 from .engine.oracle import close, large_batch_sgd
 from .engine.ranks import run_on_ranks
-from .engine import expect, expect_close, grader, wrong_answer
+from .engine import expect, expect_close, grader
 from .engine.call_watch import calls_of
 from .engine.learner_call import library_call_hint
 from ..topics.accumulation import accumulate_with_no_sync
@@ -253,100 +251,3 @@ def _expect_losses(runs, reference_losses, rank_losses, steps, setting):
 def _all_close(a, b) -> bool:
     return torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64),
                           rtol=1e-4, atol=1e-8)
-
-
-def _flawed(divide=True, sync_on="last", forward_outside_no_sync=False):
-    """The reference loop with one mistake, for WRONG_ANSWERS."""
-
-    def loop(ddp_model, optimizer, micro_batches, grad_accum_steps):
-        losses, step_loss = [], 0.0
-        for micro_step, (X, y) in enumerate(micro_batches):
-            # "first": the off-by-one, micro_step % grad_accum_steps == 0 (the first of a group)
-            steps_now = micro_step % grad_accum_steps == (0 if sync_on == "first"
-                                                          else grad_accum_steps - 1)
-            syncs = {"last": steps_now, "first": steps_now, "every": True, "never": False}[sync_on]
-            context = nullcontext() if syncs else ddp_model.no_sync()
-            if forward_outside_no_sync:  # DDP decides in forward: this backward syncs anyway
-                loss = F.cross_entropy(ddp_model(X), y)
-                with context:
-                    (loss / grad_accum_steps if divide else loss).backward()
-            else:
-                with context:
-                    loss = F.cross_entropy(ddp_model(X), y)
-                    (loss / grad_accum_steps if divide else loss).backward()
-            step_loss += loss.item() / grad_accum_steps
-            if steps_now:
-                optimizer.step()
-                optimizer.zero_grad()
-                losses.append(step_loss)
-                step_loss = 0.0
-        return losses
-
-    return loop
-
-
-def _returns_the_global_loss(ddp_model, optimizer, micro_batches, grad_accum_steps):
-    """Right training, but each step's loss all-reduced: the global batch's, not this rank's."""
-    losses = _flawed()(ddp_model, optimizer, micro_batches, grad_accum_steps)
-    global_losses = torch.tensor(losses)
-    dist.all_reduce(global_losses)
-    return (global_losses / dist.get_world_size()).tolist()
-
-
-def _one_forward_per_step(ddp_model, optimizer, micro_batches, grad_accum_steps):
-    """The step's micro-batches concatenated into one forward: right weights, one all-reduce,
-    but the memory of the whole group at once, which is what accumulation avoids."""
-    losses = []
-    for start in range(0, len(micro_batches), grad_accum_steps):
-        group = micro_batches[start:start + grad_accum_steps]
-        X, y = torch.cat([X for X, _ in group]), torch.cat([y for _, y in group])
-        loss = F.cross_entropy(ddp_model(X), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
-def _syncs_the_first_micro_batch_too(ddp_model, optimizer, micro_batches, grad_accum_steps):
-    """Right weights and one all-reduce per step is not what this does: micro-batch 1 of every
-    step also syncs (the context entered for micro-batches 2 to k-1 only)."""
-    losses, step_loss = [], 0.0
-    for micro_step, (X, y) in enumerate(micro_batches):
-        position = micro_step % grad_accum_steps
-        context = ddp_model.no_sync() if 0 < position < grad_accum_steps - 1 else nullcontext()
-        with context:
-            loss = F.cross_entropy(ddp_model(X), y) / grad_accum_steps
-            loss.backward()
-        step_loss += loss.item()
-        if position == grad_accum_steps - 1:
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(step_loss)
-            step_loss = 0.0
-    return losses
-
-
-def _loop_stub(ddp_model, optimizer, micro_batches, grad_accum_steps):
-    raise NotImplementedError("Exercise: write this part, then run the check cell below")
-
-
-WRONG_ANSWERS = {
-    check_train_with_accumulation: [
-        wrong_answer("does not divide the loss by grad_accum_steps", _flawed(divide=False)),
-        wrong_answer("syncs on every micro-batch (right weights, too many all-reduces)",
-                     _flawed(sync_on="every")),
-        wrong_answer("no_sync around the backward only",
-                     _flawed(forward_outside_no_sync=True)),
-        wrong_answer("syncs and steps on the first micro-batch instead of the last",
-                     _flawed(sync_on="first")),
-        wrong_answer("no_sync on every micro-batch: never syncs", _flawed(sync_on="never")),
-        wrong_answer("returns the loss all-reduced over the ranks, not this rank's",
-                     _returns_the_global_loss),
-        wrong_answer("calls the course's accumulate_with_no_sync", accumulate_with_no_sync),
-        wrong_answer("one forward of the whole group per step", _one_forward_per_step),
-        wrong_answer("syncs on the first micro-batch of each step too",
-                     _syncs_the_first_micro_batch_too),
-        wrong_answer("the stub", _loop_stub),
-    ],
-}

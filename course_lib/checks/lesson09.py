@@ -7,7 +7,7 @@ oversubscribed world sizes flagged, the predicted time of a gradient all-reduce,
   1e-6; oversubscribed when there are more ranks than cpu_cores(); any kind of number and
   Python's or NumPy's bool) and the best world size that is not oversubscribed. The runs must be
   a measurement: the record scaling.measure_scaling made in this session, unchanged (every step's
-  seconds of every run, its clocks agreeing with them, its seal: checks/measured.py), of strong
+  seconds of every run, its clocks agreeing with them, its seal: checks/engine/measured.py), of strong
   scaling. Judged against that record, never against a new run, so no band is needed: the load
   of a busy machine changes the runs, and an honest report of any run passes; typed-in runs
   ({1: [1], 2: [.5], 4: [.25]}) or runs converted to milliseconds have no record.
@@ -16,26 +16,20 @@ oversubscribed world sizes flagged, the predicted time of a gradient all-reduce,
   type, that give exactly the global batch with the fewest micro-batches that fit; a ValueError
   when the ranks cannot share it evenly.
 """
-import math
 import numbers
 import statistics
 
 import numpy as np
 
-from ..topics.cost_model import naive_all_reduce_time, ring_all_reduce_time
+from ..runtime.shared.env import cpu_cores
+from ..topics.cost_model import ring_all_reduce_time
 from ..topics.scaling import ScalingRuns
-from .. import cpu_cores
-from .engine import expect, expect_close, expect_value_error, grader, wrong_answer
+from .engine import expect, expect_close, expect_value_error, grader
 from .engine.measured import expect_recorded
 
 # -- Exercise 1: scaling efficiency on this machine (a measurement) ------------------------------
 
 MEASURED_WORLD_SIZES = (1, 2, 4)
-# Strong scaling as measure_scaling recorded it on a busy 2-core machine: three runs per world
-# size, and 4 ranks (oversubscribed there) faster than 2 in two runs, as neighbours make happen.
-RECORDED_RUNS = {1: [17.9e-3, 12.0e-3, 10.2e-3], 2: [8.2e-3, 7.9e-3, 8.7e-3],
-                 4: [6.5e-3, 11.9e-3, 5.9e-3]}
-
 
 @grader("scaling efficiency, measured")
 def check_scaling_efficiency(runs, report, best_world_size, cores=None):
@@ -106,33 +100,6 @@ def _is_bool(value):
     return isinstance(value, (bool, np.bool_))
 
 
-def _reference_report(runs=RECORDED_RUNS, cores=2):
-    medians = {n: statistics.median(values) for n, values in runs.items()}
-    report = {n: (medians[1] / t, medians[1] / t / n, n > cores) for n, t in medians.items()}
-    best = max((n for n in medians if n <= cores), key=lambda n: medians[1] / medians[n])
-    return runs, report, best
-
-
-def _with_report(change):
-    runs, report, best = _reference_report()
-    return runs, {n: change(n, *entry) for n, entry in report.items()}, best
-
-
-def _mean_of_runs():
-    means = {n: sum(values) / len(values) for n, values in RECORDED_RUNS.items()}
-    report = {n: (means[1] / t, means[1] / t / n, n > 2) for n, t in means.items()}
-    return RECORDED_RUNS, report, 2
-
-
-def _best_including_oversubscribed():
-    runs, report, _ = _reference_report()
-    return runs, report, 4
-
-
-def _speedup_upside_down():
-    return _with_report(lambda n, speedup, efficiency, flag: (1 / speedup, 1 / speedup / n, flag))
-
-
 # -- Exercise 2: a predicted all-reduce time ------------------------------------------------------
 
 ALL_REDUCE_CASES = [  # (n_parameters, world_size, alpha, beta, bytes_per_parameter)
@@ -157,27 +124,6 @@ def check_all_reduce_seconds(all_reduce_seconds):
                      f"your time is {ratio} the ring's here: count the bytes of the gradients, "
                      "the ring's steps, and what each rank sends in one step", rtol=1e-6,
                      atol=1e-15)
-
-
-def _parameters_as_bytes(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    return ring_all_reduce_time(n_parameters, world_size, alpha, beta)
-
-
-def _through_rank_zero(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    return naive_all_reduce_time(n_parameters * bytes_per_parameter, world_size, alpha, beta)
-
-
-def _reduce_scatter_half_only(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    nbytes = n_parameters * bytes_per_parameter
-    return (world_size - 1) * alpha + (world_size - 1) / world_size * nbytes * beta
-
-
-def _always_fp32(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    return ring_all_reduce_time(n_parameters * 4, world_size, alpha, beta)
-
-
-def _all_reduce_stub(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
 # -- Exercise 3: a batch plan for a target global batch --------------------------------------------
@@ -219,66 +165,3 @@ def check_accumulation_plan(accumulation_plan):
                            call, "the global batch does not split evenly over the ranks",
                            f"{global_batch_size} samples cannot be shared evenly by {world_size} "
                            "ranks: no plan is valid, and the exercise asks for an error then")
-
-
-def _largest_batch_rounding_up(global_batch_size, max_batch_size, world_size):
-    per_rank = global_batch_size // world_size
-    batch_size = min(max_batch_size, per_rank)
-    return batch_size, math.ceil(per_rank / batch_size)
-
-
-def _ignores_world_size(global_batch_size, max_batch_size, world_size):
-    for steps in range(1, global_batch_size + 1):
-        if global_batch_size % steps == 0 and global_batch_size // steps <= max_batch_size:
-            return global_batch_size // steps, steps
-
-
-def _never_checks_even_split(global_batch_size, max_batch_size, world_size):
-    per_rank = global_batch_size // world_size  # no check that the ranks share it evenly
-    for steps in range(1, per_rank + 1):
-        if per_rank % steps == 0 and per_rank // steps <= max_batch_size:
-            return per_rank // steps, steps
-
-
-def _plan_stub(global_batch_size, max_batch_size, world_size):
-    raise NotImplementedError("Exercise: write this part, then run the check cell below")
-
-
-WRONG_ANSWERS = {
-    check_scaling_efficiency: [
-        wrong_answer("speedup tN / t1, upside down", *_speedup_upside_down(), cores=2),
-        wrong_answer("efficiency not divided by N",
-                     *_with_report(lambda n, speedup, efficiency, flag: (speedup, speedup, flag)),
-                     cores=2),
-        wrong_answer("flags no world size as oversubscribed",
-                     *_with_report(lambda n, speedup, efficiency, flag: (speedup, efficiency,
-                                                                         False)), cores=2),
-        wrong_answer("means of the runs, where the check asks for medians", *_mean_of_runs(),
-                     cores=2),
-        wrong_answer("picks the oversubscribed 4 ranks because they looked fastest",
-                     *_best_including_oversubscribed(), cores=2),
-        wrong_answer("a report of made-up times, not the recorded runs",
-                     {1: [0.01], 2: [0.005]}, _reference_report()[1], 2, cores=2),
-        wrong_answer("made up: {1: [1], 2: [.5], 4: [.25]}, reported right",
-                     *_reference_report({1: [1], 2: [.5], 4: [.25]}), cores=2),
-        wrong_answer("wrong unit: the runs in milliseconds, reported right",
-                     *_reference_report({n: [t * 1e3 for t in runs]
-                                         for n, runs in RECORDED_RUNS.items()}), cores=2),
-    ],
-    check_all_reduce_seconds: [
-        wrong_answer("counts parameters as bytes", _parameters_as_bytes),
-        wrong_answer("all through rank 0 (naive all-reduce)", _through_rank_zero),
-        wrong_answer("counts only the reduce-scatter half of the ring",
-                     _reduce_scatter_half_only),
-        wrong_answer("assumes fp32 gradients whatever bytes_per_parameter says", _always_fp32),
-        wrong_answer("the unfinished stub", _all_reduce_stub),
-    ],
-    check_accumulation_plan: [
-        wrong_answer("takes the largest micro-batch and rounds the steps up",
-                     _largest_batch_rounding_up),
-        wrong_answer("forgets the world size", _ignores_world_size),
-        wrong_answer("never checks that the ranks share the batch evenly",
-                     _never_checks_even_split),
-        wrong_answer("the unfinished stub", _plan_stub),
-    ],
-}

@@ -12,13 +12,13 @@ bytes per parameter under each ZeRO stage; which training recipes fit a large mo
   judged by the answer itself: a call of the library's fitting_recipes is not an answer.
 
 The references are course_lib.topics.memory's estimator, so the lesson and its graders count alike;
-course_lib.checks.call_watch sees which of them the learner's function called.
+course_lib.checks.engine.call_watch sees which of them the learner's function called.
 """
 import numbers
 
 import torch
 
-from .engine import GradingError, expect, expect_close, expect_whole_number, grader, wrong_answer
+from .engine import GradingError, expect, expect_close, expect_whole_number, grader
 from .engine.call_watch import calls_of
 from ..topics.memory import (RECIPES, GiB, Recipe, estimate_memory, fitting_recipes,
                              measure_training_step)
@@ -64,11 +64,6 @@ def check_largest_batch(largest_batch):
            f"more than the budget, {BUDGET_BYTES:,} bytes (else largest_batch is not the largest)",
            f"{above:,} bytes", f"at {largest_batch + 1} samples the step still fits, with "
                                f"{BUDGET_BYTES - above:,} bytes to spare: a larger batch fits")
-
-
-# The step at batch b holds 86,096 bytes of model state (21,520 + 21,520 + 43,056: Adam's step
-# counters are 4 scalars), plus 1,112 bytes of activations per sample and one 4-byte scalar.
-REFERENCE_LARGEST_BATCH = 821  # 86,100 + 1,112 x 821 = 999,052; with 822: 1,000,164
 
 
 # -- exercise 2: bytes per parameter under ZeRO --------------------------------------------------
@@ -123,25 +118,6 @@ def _zero_hint(stage, world_size, got):
 def _listed(parts):
     return "nothing" if not parts else " and ".join([", ".join(parts[:-1]), parts[-1]] if
                                                        len(parts) > 1 else parts)
-
-
-def _shards_one_stage_too_many(stage, world_size):
-    sharded = {0: 12, 1: 14, 2: 16, 3: 16}[stage]
-    return 16 - sharded + sharded / world_size
-
-
-def _forgets_master_copy(stage, world_size):  # Adam's two values only: 8 bytes of state
-    replicated = {0: 12, 1: 4, 2: 2, 3: 0}[stage]
-    return replicated + (12 - replicated) / world_size
-
-
-def _stage3_keeps_weights(stage, world_size):
-    replicated = {0: 16, 1: 4, 2: 2, 3: 2}[stage]
-    return replicated + (16 - replicated) / world_size
-
-
-def _zero_stub(stage, world_size):
-    raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
 # -- exercise 3: which recipes fit ---------------------------------------------------------------
@@ -205,85 +181,3 @@ def _short(recipes):
         return "none"
     names = [f"{recipe.precision}/{recipe.optimizer}/{recipe.strategy}" for recipe in recipes[:3]]
     return ", ".join(names) + (f" and {len(recipes) - 3} more" if len(recipes) > 3 else "")
-
-
-def _judged_in_a_loop(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    """The recipes that fit, judged one by one (the wrong answers below change one input)."""
-    return [recipe for recipe in RECIPES
-            if estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
-                               world_size, activation_bytes).fits(gpu_memory_bytes)]
-
-
-def _fit_ignoring_activations(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return _judged_in_a_loop(n_parameters, gpu_memory_bytes, world_size, 0)
-
-
-def _fit_without_world_size(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return _judged_in_a_loop(n_parameters, gpu_memory_bytes, 1, activation_bytes)
-
-
-def _first_that_fits(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return _judged_in_a_loop(n_parameters, gpu_memory_bytes, world_size, activation_bytes)[:1]
-
-
-def _fit_counting_gb_as_gib(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return [recipe for recipe in RECIPES
-            if estimate_memory(n_parameters, recipe.optimizer, recipe.precision, recipe.strategy,
-                               world_size, activation_bytes).total / 10**9
-            <= gpu_memory_bytes / GiB]
-
-
-def _fit_by_calling_the_library(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    return fitting_recipes(n_parameters, gpu_memory_bytes, world_size, activation_bytes)
-
-
-def _fit_by_the_library_imported_inside(n_parameters, gpu_memory_bytes, world_size,
-                                        activation_bytes):
-    from course_lib.topics import memory
-
-    return list(memory.fitting_recipes(n_parameters, gpu_memory_bytes, world_size,
-                                       activation_bytes, memory.RECIPES))
-
-
-def _zero_bytes_from_the_estimator(stage, world_size):
-    n_parameters = 2**40
-    return estimate_memory(n_parameters, "adam", "bf16-mixed", STAGE_STRATEGIES[stage],
-                           world_size).total / n_parameters
-
-
-def _recipes_stub(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
-    raise NotImplementedError("Exercise: write this part, then run the check cell below")
-
-
-WRONG_ANSWERS = {
-    check_zero_bytes_per_parameter: [
-        wrong_answer("shards one stage too many (stage 1 shards the gradients)",
-                     _shards_one_stage_too_many),
-        wrong_answer("forgets the fp32 master copy of the weights", _forgets_master_copy),
-        wrong_answer("stage 3 keeps the weights whole", _stage3_keeps_weights),
-        wrong_answer("calls the library's estimate_memory", _zero_bytes_from_the_estimator),
-        wrong_answer("the stub", _zero_stub),
-    ],
-    check_largest_batch: [
-        wrong_answer("forgets the model state: the budget over the bytes per sample", 899),
-        wrong_answer("forgets Adam's state (SGD's memory)", 860),
-        wrong_answer("rounds up", REFERENCE_LARGEST_BATCH + 1),
-        wrong_answer("one short (a strict inequality)", REFERENCE_LARGEST_BATCH - 1),
-        wrong_answer("per-sample bytes from a batch of 1, where the scalar weighs", 818),
-        wrong_answer("not rounded", 821.85),
-        wrong_answer("the budget taken as 1 MiB (2**20 bytes)", 865),
-        wrong_answer("a round guess", 800),
-        wrong_answer("the bytes of the step, not the number of samples", 999_052),
-        wrong_answer("the bytes per sample counted in float32 values (278), not bytes", 3287),
-    ],
-    check_recipes_that_fit: [
-        wrong_answer("ignores the activations", _fit_ignoring_activations),
-        wrong_answer("estimates every recipe on one rank (no sharding)", _fit_without_world_size),
-        wrong_answer("returns only the first recipe that fits", _first_that_fits),
-        wrong_answer("compares GB of model state with GiB of memory", _fit_counting_gb_as_gib),
-        wrong_answer("returns the library's fitting_recipes", _fit_by_calling_the_library),
-        wrong_answer("the library's fitting_recipes, imported inside the function",
-                     _fit_by_the_library_imported_inside),
-        wrong_answer("the stub", _recipes_stub),
-    ],
-}

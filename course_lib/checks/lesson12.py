@@ -26,7 +26,7 @@ import torch.distributed as dist
 from .. import gpu_count
 from ..topics import cost_model
 from ..topics.cluster import rank_layout
-from .engine import GradingError, expect, expect_close, expect_equal, grader, wrong_answer
+from .engine import GradingError, expect, expect_close, expect_equal, grader
 from .engine.measured import expect_within_band, unit_slip
 from .engine.ranks import run_on_ranks
 
@@ -38,10 +38,6 @@ HEALTH_LARGEST_AT_LEAST = 2**20
 HEALTH_GRADING_RANKS = 3                        # 2 (N - 1) / N = 4/3: a missing factor shows
 HEALTH_GRADING_SIZES = [2**10, 2**16, 2**20, 2**22]
 BAND = 10                                       # the learner's best within 10x of the check's
-# A health check as this lesson's cell records one on 2 CPU ranks: (nbytes, seconds, bus bytes/s)
-RECORDED_HEALTH = [(nbytes, seconds, nbytes / seconds) for nbytes, seconds in
-                   [(2**16, 744e-6), (2**18, 506e-6), (2**20, 640e-6), (2**22, 2.219e-3),
-                    (2**24, 17.271e-3)]]  # 2 (N - 1) / N = 1 on 2 ranks
 
 
 @grader("global rank")
@@ -193,108 +189,3 @@ def _expect_health_rows(health):
     expect(all(seconds > 0 for _, seconds, _ in rows), "health's times", "positive seconds",
            repr([seconds for _, seconds, _ in rows])[:120], hint)
     return rows
-
-
-# Plausible mistakes.
-
-def rank_forgets_local_rank(node_rank, local_rank, nproc_per_node):
-    return node_rank * nproc_per_node
-
-
-def rank_adds_node_rank(node_rank, local_rank, nproc_per_node):
-    return node_rank + local_rank
-
-
-def rank_interleaves_nodes(node_rank, local_rank, nproc_per_node):
-    return local_rank * nproc_per_node + node_rank
-
-
-def ranks_from_equal_nodes():
-    """Assumes every node holds LOCAL_WORLD_SIZE ranks: wrong after an uneven node."""
-    node_rank, local_world_size = int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    return list(range(node_rank * local_world_size, (node_rank + 1) * local_world_size))
-
-
-def ranks_are_local():
-    return list(range(int(os.environ["LOCAL_WORLD_SIZE"])))
-
-
-def ranks_by_local_rank():
-    """Gathers LOCAL_RANK instead of the node's rank."""
-    local_ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(local_ranks, int(os.environ["LOCAL_RANK"]))
-    mine = int(os.environ["LOCAL_RANK"])
-    return [rank for rank, local_rank in enumerate(local_ranks) if local_rank == mine]
-
-
-def ranks_of_the_whole_job():
-    return list(range(dist.get_world_size()))
-
-
-def _rows(sizes_bytes, row):
-    """Inside a rank: row(nbytes, seconds, world_size) for each size measure_all_reduce timed."""
-    world_size = dist.get_world_size()
-    return [row(nbytes, seconds, world_size)
-            for nbytes, seconds in cost_model.measure_all_reduce(sizes_bytes, repeats=5, warmup=2)]
-
-
-def reference_health_check(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s * 2 * (N - 1) / N))
-
-
-def health_without_the_factor(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s))
-
-
-def health_without_the_2(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s * (N - 1) / N))
-
-
-def health_in_gigabytes_per_second(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s * 2 * (N - 1) / N / 1e9))
-
-
-def health_in_microseconds(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s * 1e6, n / (s * 1e6) * 2 * (N - 1) / N))
-
-
-def health_typed_in(sizes_bytes):
-    world_size = dist.get_world_size()
-    return [(nbytes, 1e-3, nbytes / 1e-3 * 2 * (world_size - 1) / world_size)
-            for nbytes in sizes_bytes]
-
-
-def _health(health_check=reference_health_check, rows=RECORDED_HEALTH, best=None):
-    return health_check, rows, max(bus for _, _, bus in rows) if best is None else best, 2
-
-
-TYPED_IN_HEALTH = [(nbytes, nbytes / 100e9, 100e9) for nbytes in (2**18, 2**20, 2**22)]
-
-
-WRONG_ANSWERS = {
-    check_global_rank: [
-        wrong_answer("forgets the local rank", rank_forgets_local_rank),
-        wrong_answer("adds the node rank to the local rank", rank_adds_node_rank),
-        wrong_answer("numbers the ranks across nodes first", rank_interleaves_nodes),
-    ],
-    check_ranks_on_my_node: [
-        wrong_answer("assumes equal nodes of LOCAL_WORLD_SIZE ranks", ranks_from_equal_nodes),
-        wrong_answer("returns local ranks", ranks_are_local),
-        wrong_answer("groups by LOCAL_RANK, not by node", ranks_by_local_rank),
-        wrong_answer("every rank of the job", ranks_of_the_whole_job),
-    ],
-    check_health_check: [
-        wrong_answer("algorithm bandwidth (no factor): right on 2 ranks only",
-                     *_health(health_without_the_factor)),
-        wrong_answer("(N - 1) / N without the 2", *_health(health_without_the_2)),
-        wrong_answer("wrong unit: bus bandwidth in GB/s", *_health(health_in_gigabytes_per_second)),
-        wrong_answer("wrong unit: seconds in microseconds", *_health(health_in_microseconds)),
-        wrong_answer("made up: rows typed in by the function, nothing timed",
-                     *_health(health_typed_in)),
-        wrong_answer("made up: recorded rows of 100 GB/s, far from this machine",
-                     *_health(rows=TYPED_IN_HEALTH)),
-        wrong_answer("the bus bandwidth of the largest message, not the best",
-                     *_health(best=RECORDED_HEALTH[-1][2])),
-        wrong_answer("a health check of small messages only", *_health(rows=RECORDED_HEALTH[:2])),
-    ],
-}

@@ -1,5 +1,5 @@
 """Graders for lesson 15, DDP built from hooks: one all-reduce per gradient as it is ready, then
-buckets. The DDP graders run your class on 2 and on 3 gloo ranks (course_lib.checks.gradient_sync)
+buckets. The DDP graders run your class on 2 and on 3 gloo ranks (checks.engine.gradient_sync)
 with a model that has a tied weight, a frozen layer and a buffer, each rank starting from its own
 random weights.
 
@@ -19,11 +19,10 @@ from collections import Counter
 
 import torch
 
-from .engine import GradingError, expect, grader, wrong_answer
+from .engine import GradingError, expect, grader
 from .engine.gradient_sync import (DELAYED_STEP, TiedNet, close, one_process, parameter_sizes,
-                            state_vector, train_on_rank)
+                                   state_vector, train_on_rank)
 from .engine.ranks import run_on_ranks
-from . import ddp_mistakes as mistakes
 
 LAUNCH_TIMEOUT_S = 90
 WORLD_SIZES = (2, 3)
@@ -213,28 +212,3 @@ def check_bucketed_ddp(BucketedDDP):
         sizes = [sum(p.numel() for p in bucket) for bucket in plan]
         _judge(BucketedDDP, {"bucket_cap_mb": cap}, world_size, sizes, True,
                f"BucketedDDP(bucket_cap_mb={cap}) on {world_size} ranks")
-
-
-WRONG_ANSWERS = {
-    check_overlapping_ddp: [
-        wrong_answer("all-reduces every gradient after backward: right numbers, no overlap",
-                     mistakes.AllReduceAfterBackward),
-        wrong_answer("never waits for its all-reduces", mistakes.NeverWaits),
-        wrong_answer("hooks each module's parameters: the tied weight twice", mistakes.HooksPerModule),
-        wrong_answer("waits for each all-reduce inside its hook", mistakes.WaitsInTheHook),
-        wrong_answer("broadcasts the parameters but not the buffers", mistakes.ForgetsBuffers),
-        wrong_answer("sums the gradients instead of averaging", mistakes.SumsGradients),
-    ],
-    check_plan_buckets: [
-        wrong_answer("buckets in forward order", mistakes.plan_forward_order),
-        wrong_answer("closes a bucket once it reaches the cap: past it", mistakes.plan_past_the_cap),
-        wrong_answer("puts the frozen layer in a bucket", mistakes.plan_with_frozen),
-        wrong_answer("reads the cap in megabytes (10**6 bytes)", mistakes.plan_in_megabytes),
-    ],
-    check_bucketed_ddp: [
-        wrong_answer("all-reduces every bucket after backward", mistakes.BucketsAfterBackward),
-        wrong_answer("buckets in forward order", mistakes.ForwardOrderBuckets),
-        wrong_answer("never copies the reduced bucket back", mistakes.NeverCopiesBack),
-        wrong_answer("one all-reduce per gradient, not per bucket", mistakes.OnePerGradient),
-    ],
-}

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
+# lesson 08 shows launch's own choice of start method, and the threads a forked rank gets, from here
+from ..runtime.shared.env import choose_start_method, threads_per_rank  # noqa: F401
 from ..runtime.shared.tracebacks import notebook_friendly
 
 # -- reading an error ----------------------------------------------------------------------------

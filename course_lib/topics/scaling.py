@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .cost_model import ring_all_reduce_time
 from ..training.data import make_dataset
-from ..runtime.shared.env import device_for_rank
+from ..runtime.shared.env import cpu_cores, device_for_rank
 from ..runtime.launcher.launch import launch
 from ..training.models import make_model
 from .timing import Timing, clock_now, seal, sealed_here, synchronize
@@ -26,7 +26,7 @@ from .traffic import count_traffic
 __all__ = ["SCALINGS", "speedup", "efficiency", "amdahl_speedup", "fit_amdahl",
            "all_reduce_seconds", "predict_step_seconds", "accumulation_plan", "StepTiming",
            "time_ddp_steps", "measure_step_seconds", "ScalingRuns", "measure_scaling",
-           "median_of_runs"]
+           "median_of_runs", "cpu_cores"]  # cpu_cores: more ranks than cores oversubscribe them
 
 SCALINGS = ("strong", "weak")
 

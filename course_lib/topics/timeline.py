@@ -1,12 +1,12 @@
 """Reading a step's timeline: draw every rank's phases, measure the overlap, export a Perfetto trace.
 
-The timeline comes from `course_lib.training.timeline` (a TimelineRecorder in a hand loop, or
+The timeline comes from `course_lib.training.timeline_recorder` (a TimelineRecorder in a hand loop, or
 `TrainConfig(timeline_steps=N)` and `history.timeline`).                   (lessons 04, 10)
 """
 import json
 from pathlib import Path
 
-from ..training.timeline import Span, Timeline
+from ..training.timeline_recorder import Span, Timeline
 
 PHASE_COLORS = {
     "data": "#a0a0a0", "forward": "#4c72b0", "backward": "#dd8452", "wait": "#c44e52",

@@ -22,7 +22,7 @@ from .amp import AMP_MODES, Precision
 from .loading import make_loader
 from .measure import PhaseTimer, StepClock, peak_memory_bytes, reset_peak_memory
 from .strategies import STRATEGIES, make_strategy
-from .timeline import Timeline, TimelineRecorder
+from .timeline_recorder import Timeline, TimelineRecorder
 
 OPTIMIZERS = ("sgd", "adamw")
 LR_SCALINGS = ("none", "linear", "sqrt")

@@ -9,9 +9,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from course_lib.authoring import build_lessons_main, check_main, run_solutions_main
+from course_lib.authoring.commands import build_lessons_main, check_main, run_solutions_main
 from course_lib.authoring.build import LessonBuildError, build_lesson, render, stub_regions
-from course_lib.authoring.check import GradingRunError, failure_message, run_nbval
+from course_lib.authoring.grading import GradingRunError, failure_message, run_nbval
 from course_lib.authoring.layout import find_lesson, matches_numbers
 from course_lib.authoring.run_solutions import describe_device
 from course_lib.authoring.sanitize import render as render_sanitize_rules

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from course_lib.authoring import check_main
+from course_lib.authoring.commands import check_main
 from course_lib.authoring.cells import is_check_cell
 from course_lib.authoring.layout import LESSONS, course_notebooks
 from course_lib.authoring.restore import DELETED, EDITED, TYPED, restore_check_cells

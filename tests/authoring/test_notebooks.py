@@ -11,7 +11,7 @@ import pytest
 
 from course_lib.authoring.build import build_lessons
 from course_lib.authoring.cells import is_check_cell, is_exercise_cell
-from course_lib.authoring.check import run_nbval
+from course_lib.authoring.grading import run_nbval
 from course_lib.authoring.layout import LESSONS, SOLUTIONS, course_notebooks
 from course_lib.authoring.scrub import paths_left
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.authoring import run_solutions_main, slurm_run
+from course_lib.authoring import slurm_run
+from course_lib.authoring.commands import run_solutions_main
 from slurm_cluster import slurm_cluster  # noqa: F401  the session's one-node SLURM
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -1,70 +1,26 @@
 """Lesson 04's bucket-size measurement: time_ddp_steps records what it timed (ranks, cap, buckets
 per step); check_best_bucket_cap re-measures two caps on this machine and requires the sweep's
-figures inside checks/remeasure.py's band (made-up figures and wrong units fall out), then judges
-the reported cap against the sweep it was chosen from, within its stated tolerance, so that a
-noisy machine never fails a choice its own data supports.
+figures inside checks/engine/remeasure.py's band (made-up figures and wrong units fall out), then
+judges the reported cap against the sweep it was chosen from, within its stated tolerance, so that
+a noisy machine never fails a choice its own data supports.
 
-BUCKET_ALTERNATIVES are correct answers written differently from the solution (other statistics,
-containers and number types); tests/checks/test_checks_alternatives.py lists them for the grader.
-The wrong answers are lesson04_buckets.WRONG_ANSWERS (tests/checks/test_checks.py).
+The recorded sweep, the correct answers written differently from the solution and the wrong
+answers are in answers/lesson04.py (test_checks_alternatives.py and test_checks.py run them).
 """
-import statistics
-
-import numpy as np
 import pytest
-import torch
 
+from answers.lesson04 import made_up_bucket_sweep, pooled_medians, recorded_bucket_sweep
 from course_lib import launch
-from course_lib.checks import lesson04_buckets as lesson04
 from course_lib.checks.engine import GradingError, passed_line
+from course_lib.checks.lesson04 import buckets as lesson04
 from course_lib.checks.engine.remeasure import expect_like_this_machine
 from course_lib.topics.scaling import time_ddp_steps
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def median_of_round_medians(sweep):
-    """{cap: [its rounds' StepTimings]}, and the cap whose rounds' medians have the least median."""
-    rounds = {}
-    for timing in sweep:
-        rounds.setdefault(timing.bucket_cap_mb, []).append(timing)
-    medians = {cap: np.median([np.median(timing.seconds) for timing in timings])
-               for cap, timings in rounds.items()}
-    return rounds, np.float64(min(medians, key=medians.get))
-
-
-def fewest_buckets_within_five_percent(sweep):
-    """A tuple of the timings, and the largest cap (fewest buckets) within 5% of the fastest."""
-    caps = sorted({timing.bucket_cap_mb for timing in sweep})
-    medians = [np.median(np.concatenate([timing.seconds for timing in sweep
-                                         if timing.bucket_cap_mb == cap])) for cap in caps]
-    best = max(cap for cap, median in zip(caps, medians) if median <= 1.05 * min(medians))
-    return tuple(sweep), torch.tensor(float(best))  # a 0-dim tensor
-
-
-BUCKET_ALTERNATIVES = [
-    pytest.param(median_of_round_medians(lesson04.recorded_bucket_sweep()), {},
-                 id="a dict of each cap's rounds, the median of the rounds' medians, a numpy float"),
-    pytest.param(fewest_buckets_within_five_percent(lesson04.recorded_bucket_sweep()), {},
-                 id="a tuple, the fewest buckets within 5% of the fastest, a 0-dim tensor"),
-]
-
-
-@pytest.mark.parametrize("args, kwargs", BUCKET_ALTERNATIVES)
-def test_an_alternative_correct_answer_passes(args, kwargs, capsys):
-    lesson04.check_best_bucket_cap(*args, **kwargs)
-    assert capsys.readouterr().out == passed_line(lesson04.check_best_bucket_cap.exercise) + "\n"
-
-
-def pooled_medians(sweep):
-    steps = {}
-    for timing in sweep:
-        steps.setdefault(timing.bucket_cap_mb, []).extend(timing.seconds)
-    return {cap: statistics.median(seconds) for cap, seconds in steps.items()}
-
-
 def test_a_cap_within_the_tolerance_of_the_fastest_passes_and_one_beyond_it_does_not(capsys):
-    sweep = lesson04.recorded_bucket_sweep()
+    sweep = recorded_bucket_sweep()
     medians = pooled_medians(sweep)
     assert min(medians, key=medians.get) == 25  # the recording's shape: 0.25 MiB within 10% ...
     assert medians[0.25] / medians[25] - 1 < 0.10 < medians[0.1] / medians[25] - 1  # 0.1 beyond
@@ -76,7 +32,7 @@ def test_a_cap_within_the_tolerance_of_the_fastest_passes_and_one_beyond_it_does
 
 
 def test_a_key_that_is_not_its_timings_cap_is_named():
-    sweep = lesson04.recorded_bucket_sweep()
+    sweep = recorded_bucket_sweep()
     mislabelled = {cap: [t for t in sweep if t.bucket_cap_mb == 25] for cap in (0.01, 0.1, 1, 25)}
     with pytest.raises(GradingError, match=r"bucket_sweep\[0.01\][\s\S]*bucket_cap_mb=25"):
         lesson04.check_best_bucket_cap(mislabelled, 25)
@@ -123,9 +79,9 @@ def test_the_band_accepts_a_real_measurement_under_other_load(factor):
 
 def test_a_made_up_sweep_and_one_in_milliseconds_are_rejected_against_this_machine():
     with pytest.raises(GradingError, match="faster than the fastest step this machine runs"):
-        lesson04.check_best_bucket_cap(lesson04.made_up_bucket_sweep(), 25)
+        lesson04.check_best_bucket_cap(made_up_bucket_sweep(), 25)
     with pytest.raises(GradingError, match="milliseconds"):
-        lesson04.check_best_bucket_cap(lesson04.recorded_bucket_sweep(unit=1e3), 25)
+        lesson04.check_best_bucket_cap(recorded_bucket_sweep(unit=1e3), 25)
 
 
 def test_one_process_times_the_plain_model_and_counts_no_buckets():

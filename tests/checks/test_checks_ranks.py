@@ -63,7 +63,7 @@ def test_a_rank_that_left_early_is_named_by_the_launchers_diagnosis():
     assert "GLHF" not in got and info.value.details.splitlines()[-1].startswith("  rank 0: ")
 
 
-CHECKS_FRAME = "/site-packages/course_lib/checks/lesson04.py"
+CHECKS_FRAME = "/site-packages/course_lib/checks/lesson04/collectives.py"
 RANK_TRACEBACK = f"""Traceback (most recent call last):
   File "{CHECKS_FRAME}", line 40, in _run_train_step
     train_step_by_hand(model, optimizer, X, y)

@@ -2,8 +2,9 @@
 answer is rejected at the step it skips, with a hint that names the replica (or the gradient)."""
 import pytest
 
-from course_lib.checks import lesson02_gradients
+from answers.lesson02 import WRONG_ANSWERS
 from course_lib.checks.engine import GradingError
+from course_lib.checks.lesson02 import check_data_parallel_gradients
 
 WHERE_EACH_MISTAKE_SHOWS = {
     "one device's backward, no DataParallel at all": "the samples one forward ran on",
@@ -18,18 +19,18 @@ WHERE_EACH_MISTAKE_SHOWS = {
 
 @pytest.mark.parametrize("description, where", WHERE_EACH_MISTAKE_SHOWS.items())
 def test_each_mistake_is_caught_at_the_step_it_skips(description, where):
-    [wrong] = [w for w in lesson02_gradients.WRONG_ANSWERS[
-        lesson02_gradients.check_data_parallel_gradients] if w.description == description]
+    [wrong] = [w for w in WRONG_ANSWERS[check_data_parallel_gradients]
+               if w.description == description]
     with pytest.raises(GradingError) as caught:
-        lesson02_gradients.check_data_parallel_gradients(*wrong.args)
+        check_data_parallel_gradients(*wrong.args)
     assert where in caught.value.what
 
 
 def test_hints_name_the_mistake_not_the_code():
     hints = []
-    for wrong in lesson02_gradients.WRONG_ANSWERS[lesson02_gradients.check_data_parallel_gradients]:
+    for wrong in WRONG_ANSWERS[check_data_parallel_gradients]:
         with pytest.raises(GradingError) as caught:
-            lesson02_gradients.check_data_parallel_gradients(*wrong.args)
+            check_data_parallel_gradients(*wrong.args)
         hints.append(caught.value.hint)
     assert len(set(hints)) == len(hints)
     assert not any("backward()" in hint and "loss" in hint and "gather(" in hint for hint in hints)

@@ -2,7 +2,8 @@
 missed (padding longer than the dataset, drop_last), without starting ranks."""
 import pytest
 
-from course_lib.checks import lesson04_sampler as sampler
+from answers.lesson04 import pads_once
+from course_lib.checks.lesson04 import sampler
 
 
 def every_case():
@@ -37,6 +38,6 @@ def test_the_lessons_recipe_is_distributed_samplers(n, world_size, rank, epoch, 
 
 def test_padding_once_differs_from_the_sampler_only_where_the_padding_exceeds_the_dataset():
     differ = {(n, world_size) for n, world_size, rank, epoch, seed, drop_last in every_case()
-              if sampler._pads_once(n, world_size, rank, epoch, seed, drop_last)
+              if pads_once(n, world_size, rank, epoch, seed, drop_last)
               != sampler.sampler_indices(n, world_size, rank, epoch, seed, drop_last)}
     assert differ == {(1, 4)}

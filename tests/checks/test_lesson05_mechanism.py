@@ -3,12 +3,13 @@ every forward), one forward per micro-batch, and the loop written by the learner
 course's accumulate_with_no_sync under another name."""
 import pytest
 
+from answers.lesson05 import WRONG_ANSWERS
 from course_lib.checks import lesson05
 from course_lib.checks.engine import GradingError
 
 
 def wrong(description):
-    [answer] = [w for w in lesson05.WRONG_ANSWERS[lesson05.check_train_with_accumulation]
+    [answer] = [w for w in WRONG_ANSWERS[lesson05.check_train_with_accumulation]
                 if w.description == description]
     return answer.args[0]
 

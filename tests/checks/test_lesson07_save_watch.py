@@ -8,8 +8,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.checks.resume_run import loads_hidden_code
-from course_lib.checks.save_watch import record_file_calls, watched_save
+from course_lib.checks.lesson07.resume_run import loads_hidden_code
+from course_lib.checks.lesson07.save_watch import record_file_calls, watched_save
 from course_lib.training.checkpoint import write_atomically
 
 

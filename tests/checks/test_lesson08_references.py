@@ -2,6 +2,7 @@
 exercise) pass their graders; each broken snippet, declared a wrong answer, does not."""
 import pytest
 
+from answers.lesson08 import WRONG_ANSWERS
 from course_lib.checks import lesson08
 from course_lib.checks.engine import passed_line
 from course_lib.topics import pitfalls
@@ -23,4 +24,4 @@ def test_reference_fix_passes(check, reference, capsys):
 @pytest.mark.parametrize("check, reference", REFERENCES, ids=lambda value: value.__name__)
 def test_the_broken_snippet_is_a_wrong_answer(check, reference):
     broken = getattr(pitfalls, reference.__name__ + "_broken")
-    assert any(broken in wrong.args for wrong in lesson08.WRONG_ANSWERS[check])
+    assert any(broken in wrong.args for wrong in WRONG_ANSWERS[check])

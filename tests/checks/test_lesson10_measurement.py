@@ -1,8 +1,8 @@
 """Lesson 10's measurement is judged against a real record: made-up figures, wrong units and records
 of another loader are rejected; the share and the workers are judged against the record itself.
 
-WRONG_ANSWERS in course_lib/checks/lesson10.py holds the mistakes that need no measurement (it is
-imported by the lesson); the ones here need a real record of the lesson's loader, made once.
+WRONG_ANSWERS in tests/checks/answers/lesson10.py holds the mistakes that need no measurement of
+the lesson's loader; the ones here need a real record of it, made once.
 """
 import math
 import warnings
@@ -10,6 +10,7 @@ import warnings
 import pytest
 from torch.utils.data import DataLoader
 
+from answers.lesson10 import features_file
 from course_lib.checks import lesson10
 from course_lib.checks.engine import GradingError
 from course_lib.topics.input_pipeline import DataWait, SlowDataset, device_step, measure_data_wait
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def measure(**loader_options):
-    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    dataset = SlowDataset(features_path=features_file("right"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loader = DataLoader(dataset, batch_size=loader_options.pop("batch_size", 32), shuffle=True,

@@ -12,12 +12,21 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from answers.lesson13 import (barrier_before_saving, every_rank_writes, polls_for_the_file,
+                              polls_then_waits_a_moment, retries_until_it_loads,
+                              seeds_that_meet_at_step_500, takes_the_largest_learning_rate,
+                              takes_the_smallest_learning_rate)
 from course_lib import launch
-from course_lib.checks import lesson13, noise_probe, wrong_fixes
+from course_lib.checks import lesson13
 from course_lib.checks.engine import GradingError
-from course_lib.checks.slow_disk import WRITE_SECONDS, ReadTooEarly, slow_disk
+from course_lib.checks.lesson13 import noise_probe
+from course_lib.checks.lesson13.slow_disk import WRITE_SECONDS, ReadTooEarly, slow_disk
 
 CHECKS = Path(__file__).resolve().parents[2] / "course_lib" / "checks"
+# Lesson 13's and 14's grader modules, each lesson a module or a package
+LESSON_13_AND_14_MODULES = sorted(path.relative_to(CHECKS).as_posix()
+                                  for pattern in ("lesson1[34].py", "lesson1[34]/*.py")
+                                  for path in CHECKS.glob(pattern))
 
 
 def _poll_then_load(folder, rename_whole):
@@ -103,18 +112,14 @@ def test_the_probe_reaches_far_steps_and_stays_quick():
     assert {500_000, 5_000_000, 2**20, 2**25} <= set(steps) and len(steps) < 2200
 
 
-@pytest.mark.parametrize("name", ["lesson13.py", "lesson14.py", "wrong_fixes.py", "slow_disk.py",
-                                  "noise_probe.py", "loader_timing.py", "shard_training.py",
-                                  "script_probe.py", "capstone_oracle.py", "capstone_crashes.py",
-                                  "edited_scripts.py"])
+@pytest.mark.parametrize("name", LESSON_13_AND_14_MODULES)
 def test_lesson_13_and_14_grader_modules_are_short(name):
     assert len((CHECKS / name).read_text().splitlines()) <= 400
 
 
-@pytest.mark.parametrize("wrong", [wrong_fixes.polls_for_the_file,
-                                   wrong_fixes.polls_then_waits_a_moment,
-                                   wrong_fixes.retries_until_it_loads,
-                                   wrong_fixes.barrier_before_saving], ids=lambda fn: fn.__name__)
+@pytest.mark.parametrize("wrong", [polls_for_the_file, polls_then_waits_a_moment,
+                                   retries_until_it_loads, barrier_before_saving],
+                         ids=lambda fn: fn.__name__)
 def test_a_read_of_a_half_written_file_is_the_verdict_not_a_crash(wrong):
     with pytest.raises(GradingError, match="read the file before it was complete"):
         lesson13.check_load_data(wrong)
@@ -123,11 +128,10 @@ def test_a_read_of_a_half_written_file_is_the_verdict_not_a_crash(wrong):
 def test_every_rank_writing_is_seen_when_rank_0_starts_late():
     # rank 1 finds no file, and writes: [1, 1] when rank 0 looked first, [0, 1] when it came late
     with pytest.raises(GradingError, match=r"got:      \[[01], 1\]"):
-        lesson13.check_load_data(wrong_fixes.every_rank_writes)
+        lesson13.check_load_data(every_rank_writes)
 
 
-@pytest.mark.parametrize("wrong", [wrong_fixes.takes_the_smallest_learning_rate,
-                                   wrong_fixes.takes_the_largest_learning_rate],
+@pytest.mark.parametrize("wrong", [takes_the_smallest_learning_rate, takes_the_largest_learning_rate],
                          ids=lambda fn: fn.__name__)
 def test_ranks_made_to_agree_on_another_rate_than_rank_0s_are_rejected(wrong):
     with pytest.raises(GradingError, match="the ranks agree, but on rank 1's value"):
@@ -137,4 +141,4 @@ def test_ranks_made_to_agree_on_another_rate_than_rank_0s_are_rejected(wrong):
 def test_seeds_that_meet_at_step_500_are_named_with_the_step():
     with pytest.raises(GradingError, match=r"same numbers as rank 0 at seed 0, step 500[\s\S]*"
                                            r"meet at step 500"):
-        lesson13.check_add_noise(wrong_fixes.seeds_that_meet_at_step_500)
+        lesson13.check_add_noise(seeds_that_meet_at_step_500)

@@ -8,8 +8,10 @@ from course_lib.training.checkpoint import write_atomically
 
 
 def test_write_atomically_passes_the_atomic_save_grader(capsys):
+    from answers.lesson07 import reference_atomic_save  # the solution's, which calls it
+
     lesson07.check_atomic_save(write_atomically)
-    lesson07.check_atomic_save(lesson07.reference_atomic_save)
+    lesson07.check_atomic_save(reference_atomic_save)
     assert capsys.readouterr().out.splitlines() == [passed_line("atomic save")] * 2
 
 
@@ -33,6 +35,7 @@ def test_accumulate_with_no_sync_trains_right_but_is_not_an_answer(capsys):
 def test_lesson13s_reference_fixes_pass_their_graders(capsys):
     # course_lib.topics.debugging holds each broken run (*_broken, a wrong answer of its grader)
     # next to its fix
+    from answers.lesson13 import WRONG_ANSWERS
     from course_lib.checks import lesson13
     from course_lib.topics import debugging
 
@@ -42,6 +45,6 @@ def test_lesson13s_reference_fixes_pass_their_graders(capsys):
     for check in checks:
         fix = getattr(debugging, check.__name__.removeprefix("check_"))
         broken = getattr(debugging, fix.__name__ + "_broken")
-        assert broken in [wrong.args[0] for wrong in lesson13.WRONG_ANSWERS[check]]
+        assert broken in [wrong.args[0] for wrong in WRONG_ANSWERS[check]]
         check(fix)
     assert capsys.readouterr().out.splitlines() == [passed_line(check.exercise) for check in checks]

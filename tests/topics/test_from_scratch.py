@@ -114,7 +114,7 @@ def ddp_runs():
 
 def recorded_timeline():
     """Two steps of DDPFromScratch with buckets under the course's TimelineRecorder."""
-    from course_lib.training.timeline import TimelineRecorder
+    from course_lib.training.timeline_recorder import TimelineRecorder
 
     model = TiedNet()
     ddp = DDPFromScratch(model, bucket_cap_mb=BUCKET_CAP_MB)

@@ -14,7 +14,7 @@ from course_lib.topics.timeline import (chrome_trace, draw_timeline, find_stragg
                                         save_chrome_trace, wait_seconds)
 from course_lib.training.data import make_dataset
 from course_lib.training.models import make_model
-from course_lib.training.timeline import Span, Timeline, TimelineRecorder, clock_offsets
+from course_lib.training.timeline_recorder import Span, Timeline, TimelineRecorder, clock_offsets
 from course_lib.training.trainers import TrainConfig, Trainer
 
 TIMEOUT = 120
@@ -261,20 +261,3 @@ def test_data_parallel_replicas_get_their_own_lanes():
         assert all(forward.start <= s.start <= s.end <= forward.end for s in replicas)
         assert not timeline.select(0, step, "allreduce")  # DataParallel has none to overlap
 
-
-def test_the_hidden_share_grader_names_each_mistake():
-    """Lesson 04's exercise 4: every wrong answer is rejected with a hint of its own."""
-    from course_lib.checks.engine import GradingError
-    from course_lib.checks import lesson04_overlap as lesson04  # exercise 4's own module
-
-    hints = {}
-    for wrong in lesson04.WRONG_ANSWERS[lesson04.check_hidden_share]:
-        with pytest.raises(GradingError) as caught:
-            lesson04.check_hidden_share(*wrong.args, **wrong.kwargs)
-        hints[wrong.description] = caught.value.hint
-    assert len(set(hints.values())) == len(hints), hints
-    # The hand-made timeline agrees with what it says it holds.
-    timeline = lesson04._hand_made_timeline()
-    shares = [overlap_fraction(timeline, 0, step) for step in (3, 4, 5)]
-    assert shares[:2] == pytest.approx([0.6, 2.5 / 3.5]) and shares[2] is None
-    assert overlap_fraction(timeline, 1, 3) == pytest.approx(0.2)

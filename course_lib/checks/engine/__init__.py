@@ -14,4 +14,4 @@ A lesson imports the engine and the layers below checks/; the engine imports no 
 (tests/test_layout.py says so).
 """
 from .verdicts import *  # noqa: F401,F403 (the verdict API: GradingError, grader, expect, ...)
-from .verdicts import STUB_HINT, expect_value_error, expect_whole_number, hanging_wrong_answer  # noqa: F401
+from .verdicts import STUB_HINT, expect_value_error, expect_whole_number  # noqa: F401

@@ -15,7 +15,7 @@ from . import expect
 from .measured import unit_slip
 
 # On a 2-core machine shared by many processes, one cap's per-round median moved by 2.5x between
-# rounds seconds apart (lesson 04's RECORDED_BUCKET_ROUNDS); a learner's run and the check are
+# rounds seconds apart (tests/checks/answers/lesson04.py's RECORDED_BUCKET_ROUNDS); a learner's run and the check are
 # minutes apart, under other load. Hence 5x on the fast side and 30x on the slow side: a unit
 # mistake is 1000x, a made-up 1 ms step 15-50x faster than this machine's fastest DDP step of
 # the bucket exercise's model at its smallest cap.

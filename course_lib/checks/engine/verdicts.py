@@ -4,10 +4,9 @@ A grader asserts through the expect_* helpers (each raises GradingError) and pri
 """
 import functools
 import numbers
-from dataclasses import dataclass, field
 
 __all__ = ["GradingError", "FAILED_MARK", "grader", "passed", "passed_line", "expect", "expect_equal",
-           "expect_close", "wrong_answer", "WrongAnswer", "describe"]
+           "expect_close", "describe"]
 
 FAILED_MARK = "\u2717"  # ✗, the failed twin of the passed line's ✓
 STUB_HINT = "replace the `raise NotImplementedError(...)` line in the exercise cell with your code"
@@ -130,26 +129,6 @@ def expect_close(actual, expected, what: str, hint: str = "", rtol: float = 1e-5
                            f"shape {tuple(actual_tensor.shape)}: {describe(actual)}", hint)
     close = torch.allclose(actual_tensor, expected_tensor, rtol=rtol, atol=atol)
     expect(close, what, describe(expected), describe(actual), hint)
-
-
-@dataclass
-class WrongAnswer:
-    """A plausible mistake, as the arguments a grader is called with; the grader must reject it."""
-
-    description: str
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    slow: bool = False  # it hangs until the grader's timeout: its test belongs to the slow tier
-
-
-def wrong_answer(description: str, *args, **kwargs) -> WrongAnswer:
-    """Declare a wrong answer for WRONG_ANSWERS: `description` says what mistake it makes."""
-    return WrongAnswer(description, args, kwargs)
-
-
-def hanging_wrong_answer(description: str, *args, **kwargs) -> WrongAnswer:
-    """A wrong answer that hangs until the grader's timeout (seconds): tested in the slow tier."""
-    return WrongAnswer(description, args, kwargs, slow=True)
 
 
 def _is_tensor(value) -> bool:

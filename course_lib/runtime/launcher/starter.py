@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import course_lib
 from ..shared import channel
 from ..rank.main import run_rank
 from ..shared.protocol import RankPipes, RankSpec
@@ -112,7 +113,7 @@ def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
     ours, theirs = _pipes()
     env = dict(os.environ, **spec.env)
     env["COURSE_LIB_RANK_FDS"] = f"{theirs.messages},{theirs.control},{theirs.stacks}"
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(course_lib.__file__)))  # holds course_lib/
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
         popen = subprocess.Popen(

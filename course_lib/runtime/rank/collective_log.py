@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 
+import course_lib
 from ..shared import channel
 from ..shared.protocol import COLLECTIVES
 from ..shared.tracebacks import place
@@ -22,7 +23,7 @@ from ..shared.tracebacks import place
 ASK = signal.SIGUSR2  # the launcher's request: send what you recorded now
 _started_ns = (0, 0)  # when this rank started: (wall clock, monotonic), in ns
 
-_COURSE_LIB = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_COURSE_LIB = os.path.dirname(os.path.abspath(course_lib.__file__)) + os.sep
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
            "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"}

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Dict, List, Optional
 
-_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # course_lib/
+import course_lib
+
+# course_lib/, every layer of it: its frames say nothing to a learner (from the package, so a move
+# of this module cannot change it)
+_LIBRARY = os.path.dirname(os.path.abspath(course_lib.__file__)) + os.sep
 
 # What gloo says when the rank at the other end of a connection has exited or crashed
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")

@@ -3,7 +3,7 @@
 Each wrapper keeps `events`, the records of the current step (cleared when its forward starts):
 graders and the lesson read them to see the mechanism (an all-reduce launched inside backward(),
 each gradient reduced once, buckets in reverse order, an FSDP unit gathered only while it runs).
-Times are `time.perf_counter()` seconds, the clock `course_lib.training.timeline` uses on a CPU.
+Times are `time.perf_counter()` seconds, the clock `course_lib.training.timeline_recorder` uses on a CPU.
 """
 from __future__ import annotations
 

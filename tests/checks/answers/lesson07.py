@@ -2,8 +2,10 @@
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
 import io
 import os
+import pickle
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -12,8 +14,44 @@ import torch.distributed as dist
 from course_lib.checks import lesson07
 from course_lib.training.checkpoint import write_atomically
 
+from . import answer, wrong_answer
 
-from . import answer, wrong_answer  # noqa: F401
+
+# The exercise's answers, as the solution writes them: a wrong save below is paired with the
+# right load, or a wrong load with the right save
+
+def reference_atomic_save(state, path):
+    """The library's write_atomically (temporary file, fsync, os.replace)."""
+    write_atomically(state, path)
+
+
+def gathered_rng():
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, torch.get_rng_state())
+    return states
+
+
+def save_on_rank0(path, state):
+    if dist.get_rank() == 0:
+        write_atomically(state, path)
+    dist.barrier()
+
+
+def full_state(ddp_model, optimizer, step, rng):
+    return {"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
+            "step": step, "rng": rng}
+
+
+def reference_save_training_state(path, ddp_model, optimizer, step):
+    save_on_rank0(path, full_state(ddp_model, optimizer, step, gathered_rng()))
+
+
+def reference_load_training_state(path, model, optimizer):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"][dist.get_rank()])
+    return state["step"]
 
 
 def atomic_save_with_named_temporary_file(state, path):
@@ -43,7 +81,7 @@ def save_with_all_gather_of_rng_tensors(path, ddp_model, optimizer, step):
     if dist.get_rank() == 0:
         state = {"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
                  "step": step, "rng": torch.stack(states)}
-        lesson07.reference_atomic_save(state, path)
+        reference_atomic_save(state, path)
     dist.barrier()
 
 
@@ -131,6 +169,7 @@ def load_with_the_default_weights_only(path, model, optimizer):
     torch.set_rng_state(state["rng"][dist.get_rank()])
     return state["step"]
 
+
 def load_on_rank0_and_broadcast(path, model, optimizer):
     # only rank 0 reads the file; the others get the state by broadcast
     received = [torch.load(path, map_location="cpu", weights_only=True)
@@ -158,11 +197,277 @@ ALTERNATIVES = {
                save_with_gather_object_to_rank0, load_rng_from_a_dict),
         answer("torch.serialization.save, mkstemp, monitored_barrier; default weights_only",
                save_with_serialization_save_and_mkstemp, load_with_the_default_weights_only),
-        answer("rank 0 loads and broadcasts the state", lesson07.reference_save_training_state,
+        answer("rank 0 loads and broadcasts the state", reference_save_training_state,
                load_on_rank0_and_broadcast),
     ],
     lesson07.check_prune_checkpoints: [
         answer("glob and a regex", prune_with_glob_and_regex),
         answer("listdir, newest first, os.remove", prune_with_listdir_and_remove),
+    ],
+}
+
+
+# -- Wrong answers: atomic_save(state, path) ----------------------------------------------------
+
+def saves_directly(state, path):
+    torch.save(state, path)
+
+
+def saves_without_fsync(state, path):
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+
+
+def save_synced(state, file):
+    """The part the wrong answers below get right: the state written, flushed and fsynced."""
+    torch.save(state, file)
+    file.flush()
+    os.fsync(file.fileno())
+
+
+def never_renames(state, path):
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    with open(temporary, "wb") as file:
+        save_synced(state, file)
+    return temporary
+
+
+def temporary_file_in_another_folder(state, path):
+    # in the system's temporary folder, not next to path
+    with tempfile.NamedTemporaryFile(delete=False, suffix=".pt") as file:
+        save_synced(state, file)
+    os.replace(file.name, path)
+
+
+def removes_the_old_checkpoint_first(state, path):
+    temporary = never_renames(state, path)  # the temporary file, written right
+    if os.path.exists(path):
+        os.remove(path)  # "make room": a crash before the rename leaves no checkpoint at all
+    os.rename(temporary, path)
+
+
+def fsyncs_the_folder_only(state, path):
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    torch.save(state, temporary)
+    folder = os.open(Path(path).parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the folder's entries, not the file's bytes
+    finally:
+        os.close(folder)
+    os.replace(temporary, path)
+
+
+def fsyncs_before_writing(state, path):
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    with open(temporary, "wb") as file:
+        os.fsync(file.fileno())  # an empty file reaches the disk; the bytes come after
+        torch.save(state, file)
+    os.replace(temporary, path)
+
+
+def fsyncs_after_the_rename(state, path):
+    temporary = Path(path).with_name(Path(path).name + ".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)  # too late: the rename may reach the disk before the bytes
+    finally:
+        os.close(descriptor)
+
+
+# -- Wrong answers: save_training_state / load_training_state ----------------------------------
+
+def save_without_optimizer(path, ddp_model, optimizer, step):
+    rng = gathered_rng()
+    save_on_rank0(path, {"model": ddp_model.module.state_dict(), "step": step, "rng": rng})
+
+
+def load_without_optimizer(path, model, optimizer):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    torch.set_rng_state(state["rng"][dist.get_rank()])
+    return state["step"]
+
+
+def save_without_rng(path, ddp_model, optimizer, step):
+    save_on_rank0(path, {"model": ddp_model.module.state_dict(),
+                          "optimizer": optimizer.state_dict(), "step": step})
+
+
+def load_without_rng(path, model, optimizer):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
+
+
+def save_rank0_rng_only(path, ddp_model, optimizer, step):
+    save_on_rank0(path, full_state(ddp_model, optimizer, step, torch.get_rng_state()))
+
+
+def load_rank0_rng_only(path, model, optimizer):
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    return state["step"]
+
+
+def save_wrapped_state_dict(path, ddp_model, optimizer, step):
+    rng = gathered_rng()
+    save_on_rank0(path, {"model": ddp_model.state_dict(), "optimizer": optimizer.state_dict(),
+                          "step": step, "rng": rng})
+
+
+def save_on_every_rank(path, ddp_model, optimizer, step):
+    state = full_state(ddp_model, optimizer, step, gathered_rng())
+    if dist.get_rank() == 0:
+        write_atomically(state, path)
+    else:
+        torch.save(state, os.fspath(path) + f".rank{dist.get_rank()}")
+    dist.barrier()
+
+
+def save_without_barrier(path, ddp_model, optimizer, step):
+    state = full_state(ddp_model, optimizer, step, gathered_rng())
+    if dist.get_rank() == 0:
+        write_atomically(state, path)
+
+
+def barrier_before_the_write(path, ddp_model, optimizer, step):
+    state = full_state(ddp_model, optimizer, step, gathered_rng())
+    dist.barrier()  # waits for the others, not for the file: rank 0 writes after it
+    if dist.get_rank() == 0:
+        write_atomically(state, path)
+
+
+def save_straight_to_path(path, ddp_model, optimizer, step):
+    state = full_state(ddp_model, optimizer, step, gathered_rng())
+    if dist.get_rank() == 0:  # right state, but torch.save truncates path first: not write_atomically
+        torch.save(state, path)
+    dist.barrier()
+
+
+def pickle_straight_to_path(path, ddp_model, optimizer, step):
+    state = full_state(ddp_model, optimizer, step, gathered_rng())
+    if dist.get_rank() == 0:  # neither torch.save nor a rename: path is written in place
+        with open(path, "wb") as file:
+            pickle.dump(state, file)
+    dist.barrier()
+
+
+def load_with_pickle(path, model, optimizer):
+    with open(path, "rb") as file:
+        state = pickle.load(file)  # unpickles anything, code included
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"][dist.get_rank()])
+    return state["step"]
+
+
+def load_after_waiting(path, model, optimizer):
+    while not os.path.exists(path):  # the grader's barrier already waited; this never spins
+        time.sleep(0.01)
+    return reference_load_training_state(path, model, optimizer)
+
+
+def load_not_weights_only(path, model, optimizer):
+    state = torch.load(path, map_location="cpu", weights_only=False)  # runs what the file says
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"][dist.get_rank()])
+    return state["step"]
+
+
+def load_falling_back_to_unsafe(path, model, optimizer):
+    try:
+        return reference_load_training_state(path, model, optimizer)
+    except pickle.UnpicklingError:  # "it refused the file: load it anyway"
+        return load_not_weights_only(path, model, optimizer)
+
+
+# -- Wrong answers: prune_checkpoints(directory, keep_last) --------------------------------------
+
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+def prune_by_name(directory, keep_last):
+    found = sorted(Path(directory).glob("step_*.pt"))
+    for path in found[: max(len(found) - keep_last, 0)]:
+        path.unlink()
+
+
+def prune_by_mtime(directory, keep_last):
+    found = sorted(Path(directory).glob("step_*.pt"), key=lambda path: path.stat().st_mtime)
+    for path in found[: max(len(found) - keep_last, 0)]:
+        path.unlink()
+
+
+def prune_every_pt_file(directory, keep_last):
+    found = sorted(Path(directory).glob("*step_*.pt*"),
+                   key=lambda path: int(re.search(r"\d+", path.name).group()))
+    for path in found[: max(len(found) - keep_last, 0)]:
+        path.unlink()
+
+
+def prune_off_by_one(directory, keep_last):
+    found = sorted((int(m.group(1)), path) for path in Path(directory).iterdir()
+                   if (m := CHECKPOINT_NAME.match(path.name)))
+    for _, path in found[: len(found) - keep_last - 1]:
+        path.unlink()
+
+
+def stub(*args):
+    """The lesson's stub of each exercise."""
+    raise NotImplementedError("Exercise: write this part, then run the check cell below")
+
+
+WRONG_ANSWERS = {
+    lesson07.check_atomic_save: [
+        wrong_answer("torch.save straight to the path", saves_directly),
+        wrong_answer("temporary file and rename, but no fsync", saves_without_fsync),
+        wrong_answer("writes the temporary file but never renames it", never_renames),
+        wrong_answer("temporary file in another folder (/tmp): the rename may cross file systems",
+                     temporary_file_in_another_folder),
+        wrong_answer("removes the old checkpoint before renaming the new one over it",
+                     removes_the_old_checkpoint_first),
+        wrong_answer("fsyncs the folder, never the file", fsyncs_the_folder_only),
+        wrong_answer("fsyncs the empty file before torch.save writes it", fsyncs_before_writing),
+        wrong_answer("fsyncs after the rename", fsyncs_after_the_rename),
+        wrong_answer("the lesson's stub", stub),
+    ],
+    lesson07.check_resume: [
+        wrong_answer("does not save the optimizer state", save_without_optimizer,
+                     load_without_optimizer),
+        wrong_answer("does not save or restore the RNG state", save_without_rng,
+                     load_without_rng),
+        wrong_answer("saves rank 0's RNG state for every rank", save_rank0_rng_only,
+                     load_rank0_rng_only),
+        wrong_answer("saves the DDP wrapper's state_dict ('module.' keys)",
+                     save_wrapped_state_dict, reference_load_training_state),
+        wrong_answer("every rank writes a file", save_on_every_rank,
+                     reference_load_training_state),
+        wrong_answer("no barrier after rank 0's save", save_without_barrier, load_after_waiting),
+        wrong_answer("the barrier before rank 0's write, not after it",
+                     barrier_before_the_write, load_after_waiting),
+        wrong_answer("rank 0 torch.saves straight to the path instead of write_atomically: a "
+                     "crash mid-save destroys the previous checkpoint",
+                     save_straight_to_path, reference_load_training_state),
+        wrong_answer("loads with weights_only=False", reference_save_training_state,
+                     load_not_weights_only),
+        wrong_answer("falls back to weights_only=False when the safe load refuses",
+                     reference_save_training_state, load_falling_back_to_unsafe),
+        wrong_answer("rank 0 pickles straight to the path, loads with pickle",
+                     pickle_straight_to_path, load_with_pickle),
+        wrong_answer("the lesson's stubs", stub, stub),
+    ],
+    lesson07.check_prune_checkpoints: [
+        wrong_answer("sorts by file name", prune_by_name),
+        wrong_answer("sorts by modification time", prune_by_mtime),
+        wrong_answer("also deletes temporary and other files", prune_every_pt_file),
+        wrong_answer("keeps one checkpoint too many", prune_off_by_one),
+        wrong_answer("the lesson's stub", stub),
     ],
 }

@@ -2,6 +2,7 @@
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -9,9 +10,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_lib.checks import lesson08
+from course_lib.topics import pitfalls
 
-
-from . import answer, wrong_answer  # noqa: F401
+from . import answer, wrong_answer
 
 
 def mean_loss_with_all_gather_printed_to_stderr(loss):
@@ -105,5 +106,170 @@ ALTERNATIVES = {
         answer("monitored_barrier", save_then_monitored_barrier),
         answer("a broadcast as the barrier", save_then_broadcast_a_flag),
         answer("written atomically, an all_reduce as the barrier", save_atomically_then_all_reduce),
+    ],
+}
+
+
+# Wrong answers: the broken snippets (course_lib.topics.pitfalls), fixes of the symptom, half-fixes
+
+def sums_and_prints_everywhere(loss):
+    dist.all_reduce(loss)
+    print(f"mean loss {loss.item() / dist.get_world_size():.4f}")
+    return loss
+
+
+def divides_on_rank0_only(loss):
+    dist.all_reduce(loss)
+    if dist.get_rank() == 0:
+        loss = loss / dist.get_world_size()
+        print(f"mean loss {loss.item():.4f}")
+    return loss
+
+
+def reduces_to_rank0(loss):
+    dist.reduce(loss, dst=0)
+    loss = loss / dist.get_world_size()
+    if dist.get_rank() == 0:
+        print(f"mean loss {loss.item():.4f}")
+    return loss
+
+
+def prints_its_own_loss(loss):
+    mean = loss.clone()
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
+    if dist.get_rank() == 0:
+        print(f"mean loss {loss.item():.4f}")  # rank 0's own loss, not the mean
+    return mean
+
+
+def drops_the_collective(loss):
+    if dist.get_rank() == 0:  # no hang any more, and no mean either
+        print(f"mean loss {loss.item():.4f}")
+    return loss
+
+
+def prints_the_sum(loss):
+    total = loss.clone()
+    dist.all_reduce(total)
+    if dist.get_rank() == 0:
+        print(f"mean loss {total.item():.4f}")
+    return total / dist.get_world_size()
+
+
+def no_ddp(model):
+    return model
+
+
+def deletes_after_wrapping(model):
+    wrapped = DDP(model)
+    del model.unused_head  # too late: DDP already expects a gradient for it
+    return wrapped
+
+
+def freezes_after_wrapping(model):
+    wrapped = DDP(model)
+    model.unused_head.requires_grad_(False)  # too late: DDP already expects a gradient for it
+    return wrapped
+
+
+def sets_epoch_after_the_epoch(dataset, epochs=3, batch_size=4):
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    seen = []
+    for epoch in range(epochs):
+        seen.append([i for (batch,) in loader for i in batch.tolist()])
+        sampler.set_epoch(epoch)
+    return seen
+
+
+def shuffles_without_sharding(dataset, epochs=3, batch_size=4):
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    return [[i for (batch,) in loader for i in batch.tolist()] for _ in range(epochs)]
+
+
+def reshuffles_its_own_share(dataset, epochs=3, batch_size=4):
+    share = list(DistributedSampler(dataset, shuffle=True, seed=0))  # the same share every epoch
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    return [[share[i] for i in torch.randperm(len(share), generator=generator).tolist()]
+            for _ in range(epochs)]
+
+
+def barrier_before_saving(model, path):
+    dist.barrier()
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), path)
+
+
+def barrier_on_rank0_only(model, path):
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), path)
+        dist.barrier()
+
+
+def waits_for_the_file(model, path):
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), path)
+    else:
+        while not os.path.exists(path):  # the file (an old one, a torn one) may be there already
+            time.sleep(0.01)
+
+
+def sleeps_then_returns(model, path):
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), path)
+    else:
+        time.sleep(1.0)  # "long enough" for one disk
+
+
+def retries_loading(model, path):
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), path)
+        return
+    while True:
+        try:
+            torch.load(path, map_location="cpu")  # loads whatever complete file is there
+            return
+        except Exception:  # noqa: BLE001
+            time.sleep(0.01)
+
+
+WRONG_ANSWERS = {
+    lesson08.check_log_mean_loss: [
+        wrong_answer("the broken snippet: all_reduce on rank 0 only",
+                     pitfalls.log_mean_loss_broken),
+        wrong_answer("the symptom fixed: no collective, rank 0 logs its own loss",
+                     drops_the_collective),
+        wrong_answer("all_reduce everywhere, but every rank prints", sums_and_prints_everywhere),
+        wrong_answer("divides by world_size on rank 0 only", divides_on_rank0_only),
+        wrong_answer("dist.reduce to rank 0: other ranks get no mean", reduces_to_rank0),
+        wrong_answer("returns the mean, but rank 0 prints its own loss", prints_its_own_loss),
+        wrong_answer("returns the mean, but rank 0 prints the sum", prints_the_sum),
+    ],
+    lesson08.check_wrap_model: [
+        wrong_answer("the broken snippet: plain DDP", pitfalls.wrap_model_broken),
+        wrong_answer("the symptom fixed: no DDP at all, each rank trains alone", no_ddp),
+        wrong_answer("deletes the branch after wrapping", deletes_after_wrapping),
+        wrong_answer("freezes the branch after wrapping", freezes_after_wrapping),
+    ],
+    lesson08.check_indices_per_epoch: [
+        wrong_answer("the broken snippet: no set_epoch", pitfalls.indices_per_epoch_broken),
+        wrong_answer("set_epoch after the epoch's loop", sets_epoch_after_the_epoch),
+        wrong_answer("the symptom fixed: DataLoader(shuffle=True) without sharding",
+                     shuffles_without_sharding),
+        wrong_answer("the symptom fixed: each rank reshuffles its own fixed share",
+                     reshuffles_its_own_share),
+    ],
+    lesson08.check_save_checkpoint: [
+        wrong_answer("the broken snippet: rank 0 saves, nobody waits",
+                     pitfalls.save_checkpoint_broken),
+        wrong_answer("every rank saves", pitfalls.save_checkpoint_everywhere),
+        wrong_answer("barrier before saving", barrier_before_saving),
+        wrong_answer("barrier inside `if rank == 0`", barrier_on_rank0_only),
+        wrong_answer("the symptom fixed: the others wait until the file exists",
+                     waits_for_the_file),
+        wrong_answer("the symptom fixed: the others sleep a second", sleeps_then_returns),
+        wrong_answer("the symptom fixed: the others retry loading until it loads",
+                     retries_loading),
     ],
 }

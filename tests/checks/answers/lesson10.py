@@ -1,24 +1,41 @@
 """Lesson 10's graders against answers: correct ones written differently from the solution
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
 import os
+import tempfile
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from course_lib.checks import lesson10
+from course_lib.topics.input_pipeline import SlowDataset, measure_data_wait, precompute_features
+
+from . import answer, wrong_answer
 
 
-from . import answer, wrong_answer  # noqa: F401
+def features_file(kind: str) -> str:
+    """A features file for the answers below: the right features, or the raw inputs. Kept in the
+    temporary folder under a fixed name and written atomically, so that ranks that build their
+    loaders at the same moment share one file and never read half of it."""
+    path = Path(tempfile.gettempdir()) / f"course_lib-lesson10-{kind}-{lesson10.N_SAMPLES}.pt"
+    if not path.exists():
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        if kind == "right":
+            precompute_features(SlowDataset(), str(partial))
+        else:
+            torch.save(SlowDataset().X, partial)
+        os.replace(partial, path)
+    return str(path)
 
 
 def lesson10_measurement():
     """A real measurement of lesson 10's loader (fewer steps than the lesson's 20, to be quick)."""
     from course_lib.topics.input_pipeline import SlowDataset, device_step, measure_data_wait
 
-    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    dataset = SlowDataset(features_path=features_file("right"))
     return measure_data_wait(DataLoader(dataset, batch_size=32, shuffle=True), device_step(0.020),
                              steps=6, warmup=1)
 
@@ -43,7 +60,7 @@ def loader_report_from_data_wait_share(measurement):
 def loader_with_an_explicit_distributed_sampler():
     from course_lib.topics.input_pipeline import SlowDataset
 
-    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    dataset = SlowDataset(features_path=features_file("right"))
     sampler = DistributedSampler(dataset, num_replicas=int(os.environ["WORLD_SIZE"]),
                                  rank=int(os.environ["RANK"]), seed=7)
     return DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4, prefetch_factor=4,
@@ -53,7 +70,7 @@ def loader_with_an_explicit_distributed_sampler():
 def loader_with_a_hand_made_share_and_more_workers():
     from course_lib.topics.input_pipeline import SlowDataset
 
-    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    dataset = SlowDataset(features_path=features_file("right"))
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1)).tolist()
     share = order[dist.get_rank()::dist.get_world_size()]  # a list is a sampler too
     return DataLoader(dataset, batch_size=32, sampler=share, num_workers=6)
@@ -63,7 +80,7 @@ def loader_with_a_batch_sampler():
     from torch.utils.data import BatchSampler
     from course_lib.topics.input_pipeline import SlowDataset
 
-    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    dataset = SlowDataset(features_path=features_file("right"))
     batches = BatchSampler(DistributedSampler(dataset), 32, False)
     return DataLoader(dataset, batch_sampler=batches, num_workers=4)
 
@@ -72,7 +89,7 @@ def loader_over_a_subset():
     from torch.utils.data import Subset
     from course_lib.topics.input_pipeline import SlowDataset
 
-    dataset = SlowDataset(features_path=lesson10._features_file("right"))
+    dataset = SlowDataset(features_path=features_file("right"))
     share = Subset(dataset, range(dist.get_rank(), len(dataset), dist.get_world_size()))
     return DataLoader(share, batch_size=32, shuffle=True, num_workers=5)
 
@@ -91,5 +108,128 @@ ALTERNATIVES = {
         answer("batch_sampler=BatchSampler(DistributedSampler(dataset), 32, False)",
                loader_with_a_batch_sampler),
         answer("a Subset of this rank's share, shuffled, 5 workers", loader_over_a_subset),
+    ],
+}
+
+
+# Wrong answers
+
+BATCH_SIZE, RANKS = lesson10.BATCH_SIZE, lesson10.RANKS
+MEASURED_BATCH_SIZE, MIN_MEASURED_STEPS = lesson10.MEASURED_BATCH_SIZE, lesson10.MIN_MEASURED_STEPS
+# Made-up figures: what a busy 2-core machine measured once, typed in rather than measured.
+MADE_UP = {"data": 0.946, "compute": 0.404}
+
+
+def record_of(loader, step, change=None):
+    """A real record, made cheaply at import, of a measurement the exercise did not ask for."""
+    record = measure_data_wait(loader, step, steps=MIN_MEASURED_STEPS, warmup=0)
+    if change is not None:
+        change(record)
+    return record
+
+
+def in_milliseconds(record):
+    record["data"], record["compute"] = record["data"] * 1000, record["compute"] * 1000
+
+
+def no_op_step(batch):
+    return None
+
+
+def list_of_batches():
+    X, y = torch.zeros(MEASURED_BATCH_SIZE, 16), torch.zeros(MEASURED_BATCH_SIZE, dtype=torch.long)
+    return [(X, y)] * MIN_MEASURED_STEPS
+
+
+def unread_slow_dataset():
+    return DataLoader(SlowDataset(n_samples=MIN_MEASURED_STEPS * MEASURED_BATCH_SIZE,
+                                  read_seconds=0.0), batch_size=MEASURED_BATCH_SIZE)
+
+
+def default_loader():
+    return DataLoader(SlowDataset(), batch_size=BATCH_SIZE, shuffle=True)
+
+
+def precomputed(**options):
+    dataset = SlowDataset(features_path=features_file("right"), **options)
+    return dataset, DistributedSampler(dataset)
+
+
+def workers_without_precomputing():
+    dataset = SlowDataset()
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=DistributedSampler(dataset),
+                      num_workers=4)
+
+
+def precomputed_two_workers():
+    dataset, sampler = precomputed()
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=2)
+
+
+def smaller_batch():
+    dataset, sampler = precomputed()
+    return DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=4)
+
+
+def batch_sampler_of_16():
+    dataset, sampler = precomputed()
+    return DataLoader(dataset, batch_sampler=BatchSampler(sampler, 16, False), num_workers=4)
+
+
+def free_reads():
+    dataset, sampler = precomputed(read_seconds=0.0)
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, num_workers=4)
+
+
+def not_shuffled():
+    dataset = SlowDataset(features_path=features_file("right"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, num_workers=4,
+                      sampler=DistributedSampler(dataset, shuffle=False))
+
+
+def precomputed_raw_inputs():
+    dataset = SlowDataset(features_path=features_file("raw"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=DistributedSampler(dataset),
+                      num_workers=4)
+
+
+def whole_dataset_on_every_rank():
+    dataset = SlowDataset(features_path=features_file("right"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, num_workers=4)
+
+
+def rank_zero_share_everywhere():
+    dataset = SlowDataset(features_path=features_file("right"))
+    return DataLoader(dataset, batch_size=BATCH_SIZE, num_workers=4,
+                      sampler=DistributedSampler(dataset, num_replicas=RANKS, rank=0))
+
+
+WRONG_ANSWERS = {
+    lesson10.check_loader_measurement: [
+        wrong_answer("made-up seconds, share and workers consistent with them",
+                     MADE_UP, 0.946 / 1.35, 4),
+        wrong_answer("the same figures in milliseconds", {"data": 946.0, "compute": 404.0},
+                     0.946 / 1.35, 4),
+        wrong_answer("a real record, converted to milliseconds in place",
+                     record_of(list_of_batches(), no_op_step, in_milliseconds), 0.5, 1),
+        wrong_answer("a list of batches in memory measured, with no step: no reads, no compute",
+                     record_of(list_of_batches(), no_op_step), 0.5, 1),
+        wrong_answer("SlowDataset with read_seconds=0, no step",
+                     record_of(unread_slow_dataset(), no_op_step), 0.5, 1),
+    ],
+    lesson10.check_fast_loader: [
+        wrong_answer("the default loader: no workers, features per sample", default_loader),
+        wrong_answer("4 workers, features still computed per sample",
+                     workers_without_precomputing),
+        wrong_answer("precomputed features, 2 workers (no headroom)", precomputed_two_workers),
+        wrong_answer("a smaller batch", smaller_batch),
+        wrong_answer("a batch_sampler of 16 over the DistributedSampler", batch_sampler_of_16),
+        wrong_answer("reads made free (read_seconds=0)", free_reads),
+        wrong_answer("precomputed features and 4 workers, but not shuffled", not_shuffled),
+        wrong_answer("precomputed the raw inputs, not the neighbour features",
+                     precomputed_raw_inputs),
+        wrong_answer("no DistributedSampler: every rank loads the whole dataset",
+                     whole_dataset_on_every_rank),
+        wrong_answer("a DistributedSampler fixed to rank 0's share", rank_zero_share_everywhere),
     ],
 }

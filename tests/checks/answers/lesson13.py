@@ -16,10 +16,10 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_lib.checks import lesson13
+from course_lib.topics import debugging
 from course_lib.training.data import make_dataset
 
-
-from . import answer, wrong_answer  # noqa: F401
+from . import answer, hanging_wrong_answer, wrong_answer
 
 
 def end_of_epoch_with_all_gather_and_an_object(epoch_loss, lr):
@@ -189,3 +189,371 @@ ALTERNATIVES = {
         answer("find_unused_parameters=False, bucket views", wrap_with_bucket_views),
     ],
 }
+
+
+# Wrong answers: plausible wrong fixes of the broken runs, one mistake each. Some fix the symptom
+# and hide the cause (a MIN that makes the ranks' learning rates agree, a poll for a file that is
+# still being written); some fix one part and break another.
+
+# -- exercise 1: the end of an epoch ------------------------------------------------------------
+
+
+def sums_the_learning_rate(epoch_loss, lr):
+    values = torch.tensor([epoch_loss, lr])
+    dist.all_reduce(values)
+    return values[0].item() / dist.get_world_size(), values[1].item()
+
+
+def keeps_its_own_learning_rate(epoch_loss, lr):
+    total = torch.tensor([epoch_loss])
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size(), lr
+
+
+def _reduced_learning_rate(epoch_loss, lr, op):
+    total, shared_lr = torch.tensor([epoch_loss]), torch.tensor([lr])
+    dist.all_reduce(total)
+    dist.all_reduce(shared_lr, op=op)  # the ranks agree, on a value rank 0 may not hold
+    return total.item() / dist.get_world_size(), shared_lr.item()
+
+
+def takes_the_smallest_learning_rate(epoch_loss, lr):
+    return _reduced_learning_rate(epoch_loss, lr, dist.ReduceOp.MIN)
+
+
+def takes_the_largest_learning_rate(epoch_loss, lr):
+    return _reduced_learning_rate(epoch_loss, lr, dist.ReduceOp.MAX)
+
+
+def returns_the_sum(epoch_loss, lr):
+    total, shared_lr = torch.tensor([epoch_loss]), torch.tensor([lr])
+    dist.all_reduce(total)
+    dist.broadcast(shared_lr, src=0)
+    return total.item(), shared_lr.item()
+
+
+def broadcasts_the_loss_too(epoch_loss, lr):
+    values = torch.tensor([epoch_loss, lr])
+    dist.broadcast(values, src=0)
+    return values[0].item(), values[1].item()
+
+
+# -- exercise 2: the cached data ----------------------------------------------------------------
+
+def _build(path):
+    torch.save(make_dataset(n_samples=256).tensors, path)
+
+
+def no_barrier(folder):
+    path = os.path.join(folder, "data.pt")
+    if dist.get_rank() == 0 and not os.path.exists(path):
+        _build(path)
+    return torch.load(path)
+
+
+def every_rank_writes(folder):
+    path = os.path.join(folder, "data.pt")
+    if not os.path.exists(path):
+        _build(path)
+    dist.barrier()
+    return torch.load(path)
+
+
+def each_rank_looks_for_the_file(folder):
+    path = os.path.join(folder, "data.pt")
+    if not os.path.exists(path):  # a rank that looks after rank 0 wrote it skips the barrier
+        if dist.get_rank() == 0:
+            _build(path)
+        dist.barrier()
+    return torch.load(path)
+
+
+def barrier_before_saving(folder):
+    path = os.path.join(folder, "data.pt")
+    dist.barrier()
+    if dist.get_rank() == 0 and not os.path.exists(path):
+        _build(path)
+    return torch.load(path)
+
+
+def polls_for_the_file(folder):
+    path = os.path.join(folder, "data.pt")
+    if dist.get_rank() == 0:
+        if not os.path.exists(path):
+            _build(path)
+    else:
+        while not os.path.exists(path):  # there as soon as rank 0 opens it: not yet complete
+            time.sleep(0.01)
+    return torch.load(path)
+
+
+def polls_then_waits_a_moment(folder):
+    path = os.path.join(folder, "data.pt")
+    if dist.get_rank() == 0:
+        if not os.path.exists(path):
+            _build(path)
+    else:
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        time.sleep(0.2)  # "surely written by now": a guess about rank 0's disk
+    return torch.load(path)
+
+
+def retries_until_it_loads(folder):
+    path = os.path.join(folder, "data.pt")
+    if dist.get_rank() == 0 and not os.path.exists(path):
+        _build(path)
+    while True:
+        try:
+            return torch.load(path)  # reads whatever is there, half a file included, then again
+        except Exception:
+            time.sleep(0.05)
+
+
+# -- exercise 3: the logged loss ----------------------------------------------------------------
+
+def _step_then_report(model, optimizer, X, y, report):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    optimizer.step()
+    return report(loss.detach().clone())
+
+
+def _sum_of(loss):
+    dist.all_reduce(loss)
+    return loss.item()
+
+
+def _reduced_to_rank0(loss):
+    dist.reduce(loss, dst=0)  # only rank 0 receives the sum
+    return loss.item() / dist.get_world_size()
+
+
+def sums_the_losses(model, optimizer, X, y):
+    return _step_then_report(model, optimizer, X, y, _sum_of)
+
+
+def reduces_to_rank0(model, optimizer, X, y):
+    return _step_then_report(model, optimizer, X, y, _reduced_to_rank0)
+
+
+def loss_after_the_step(model, optimizer, X, y):
+    optimizer.zero_grad()
+    F.cross_entropy(model(X), y).backward()
+    optimizer.step()
+    with torch.no_grad():
+        mean = F.cross_entropy(model(X), y)  # the loss of the updated model: not this step's
+    dist.all_reduce(mean)
+    return mean.item() / dist.get_world_size()
+
+
+def averages_the_loss_before_backward(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    dist.all_reduce(loss)
+    loss = loss / dist.get_world_size()  # the gradient is now divided by the world size too
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+# -- exercise 4: data parallel by hand ----------------------------------------------------------
+
+def _flat_step(model, optimizer, X, y, average):
+    """The broken run's step, with `average(flat)` done to the all-reduced gradients."""
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    grads = [param.grad for param in model.parameters()]
+    flat = torch.cat([grad.flatten() for grad in grads])
+    dist.all_reduce(flat)
+    average(flat)
+    for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads])):
+        grad.copy_(reduced.view_as(grad))
+    optimizer.step()
+    return loss.item()
+
+
+def divides_by_the_batch_size(model, optimizer, X, y):
+    return _flat_step(model, optimizer, X, y, lambda flat: flat.div_(len(X)))
+
+
+def averages_on_rank0_only(model, optimizer, X, y):
+    world_size = dist.get_world_size()
+    return _flat_step(model, optimizer, X, y,
+                      lambda flat: flat.div_(world_size) if dist.get_rank() == 0 else flat)
+
+
+def never_copies_back(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    flat = torch.cat([param.grad.flatten() for param in model.parameters()])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()  # the mean, in a buffer the optimizer never sees
+    optimizer.step()
+    return loss.item()
+
+
+def halves_the_learning_rate(model, optimizer, X, y):
+    # the sum is world_size times the mean: a smaller learning rate hides it in the weights
+    if not getattr(optimizer, "lr_divided", False):
+        for group in optimizer.param_groups:
+            group["lr"] /= dist.get_world_size()
+        optimizer.lr_divided = True
+    return _flat_step(model, optimizer, X, y, lambda flat: flat)
+
+
+# -- exercise 5: noise of its own ---------------------------------------------------------------
+
+def _noise(X, generator_seed):
+    return X + 0.1 * torch.randn(X.shape, generator=torch.Generator().manual_seed(generator_seed))
+
+
+def global_random_state(X, step, seed=0):
+    return X + 0.1 * torch.randn(X.shape)  # forked ranks start from the same random state
+
+
+def seed_plus_step_plus_rank(X, step, seed=0):
+    return _noise(X, 1000 * seed + step + dist.get_rank())
+
+
+def seeds_that_meet_at_step_500(X, step, seed=0):
+    return _noise(X, 1000 * seed + step * dist.get_world_size() + dist.get_rank())
+
+
+def seeds_that_meet_at_step_50000(X, step, seed=0):
+    return _noise(X, 100_000 * seed + step * dist.get_world_size() + dist.get_rank())
+
+
+def each_number_its_digits_past_32_bits(X, step, seed=0):
+    # distinct as numbers, but torch's CPU generator keeps only a seed's low 32 bits
+    return _noise(X, (seed * 2 ** 32 + step) * 2 ** 16 + dist.get_rank())
+
+
+def same_noise_every_step(X, step, seed=0):
+    return _noise(X, 1000 * seed + dist.get_rank())
+
+
+def noise_scaled_by_rank(X, step, seed=0):
+    generator = torch.Generator().manual_seed(1000 * seed + step)
+    return X + 0.1 * (1 + dist.get_rank()) * torch.randn(X.shape, generator=generator)
+
+
+def rolled_noise(X, step, seed=0):
+    noise = torch.randn(X.shape, generator=torch.Generator().manual_seed(seed))
+    return X + 0.1 * noise.flatten().roll(step * 2 + dist.get_rank()).view(X.shape)
+
+
+def adds_in_place(X, step, seed=0):
+    generator = torch.Generator().manual_seed(1000 * seed + 2 * step + dist.get_rank())
+    return X.add_(0.1 * torch.randn(X.shape, generator=generator))
+
+
+# -- exercise 6: a loader that keeps up ---------------------------------------------------------
+
+def one_worker(dataset):
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    return DataLoader(dataset, batch_size=16, sampler=sampler, num_workers=1)
+
+
+def smaller_batches(dataset):
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    return DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=4)
+
+
+def free_reads(dataset):
+    dataset.read_seconds = 0.0
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    return DataLoader(dataset, batch_size=16, sampler=sampler)
+
+
+def no_sampler(dataset):
+    return DataLoader(dataset, batch_size=16, shuffle=True, num_workers=4)
+
+
+# -- exercise 7: DDP without the search ---------------------------------------------------------
+
+def no_ddp(model):
+    return model
+
+
+def searching_without_buffers(model):
+    return DDP(model, find_unused_parameters=True, broadcast_buffers=False)
+
+
+def freezes_the_first_layer(model):
+    model[0].requires_grad_(False)  # no search needed now, but the layer no longer trains
+    return DDP(model, find_unused_parameters=True)
+
+
+WRONG_ANSWERS = {
+    lesson13.check_end_of_epoch: [
+        hanging_wrong_answer("the broken run: the collectives in another order on rank 0",
+                             debugging.end_of_epoch_broken),
+        wrong_answer("all_reduce of loss and learning rate together", sums_the_learning_rate),
+        wrong_answer("no broadcast: each rank keeps its own learning rate",
+                     keeps_its_own_learning_rate),
+        wrong_answer("the ranks agree on the smallest learning rate (MIN)",
+                     takes_the_smallest_learning_rate),
+        wrong_answer("the ranks agree on the largest learning rate (MAX)",
+                     takes_the_largest_learning_rate),
+        wrong_answer("returns the sum of the losses", returns_the_sum),
+        wrong_answer("broadcasts the loss too", broadcasts_the_loss_too),
+    ],
+    lesson13.check_load_data: [
+        wrong_answer("the broken run: the barrier only when the file was missing",
+                     debugging.load_data_broken),
+        wrong_answer("no barrier", no_barrier),
+        wrong_answer("every rank writes the file", every_rank_writes),
+        wrong_answer("every rank looks for the file itself", each_rank_looks_for_the_file),
+        wrong_answer("the barrier before the save", barrier_before_saving),
+        wrong_answer("rank 1 polls os.path.exists while rank 0 writes", polls_for_the_file),
+        wrong_answer("polls, then waits a fixed moment", polls_then_waits_a_moment),
+        wrong_answer("retries torch.load until it works", retries_until_it_loads),
+    ],
+    lesson13.check_step_and_loss: [
+        wrong_answer("the broken run: each rank's own loss", debugging.step_and_loss_broken),
+        wrong_answer("the sum over the ranks", sums_the_losses),
+        wrong_answer("dist.reduce to rank 0: rank 1 returns its own", reduces_to_rank0),
+        wrong_answer("the loss after the optimizer step", loss_after_the_step),
+        wrong_answer("the loss averaged before backward", averages_the_loss_before_backward),
+    ],
+    lesson13.check_hand_ddp_step: [
+        wrong_answer("the broken run: the sum of the gradients", debugging.hand_ddp_step_broken),
+        wrong_answer("divided by the batch size", divides_by_the_batch_size),
+        wrong_answer("the mean never copied back into .grad", never_copies_back),
+        wrong_answer("divided on rank 0 only", averages_on_rank0_only),
+        wrong_answer("the learning rate divided instead", halves_the_learning_rate),
+    ],
+    lesson13.check_add_noise: [
+        wrong_answer("the broken run: the same seed on every rank", debugging.add_noise_broken),
+        wrong_answer("torch's global random state", global_random_state),
+        wrong_answer("seed + step + rank: pairs collide", seed_plus_step_plus_rank),
+        wrong_answer("1000 * seed + step * world_size + rank: meets at step 500",
+                     seeds_that_meet_at_step_500),
+        wrong_answer("100000 * seed + ...: meets at step 50000", seeds_that_meet_at_step_50000),
+        wrong_answer("distinct 64-bit seeds, of which torch keeps 32 bits",
+                     each_number_its_digits_past_32_bits),
+        wrong_answer("the same noise at every step", same_noise_every_step),
+        wrong_answer("noise scaled by the rank", noise_scaled_by_rank),
+        wrong_answer("one noise, rolled by step and rank", rolled_noise),
+        wrong_answer("adds the noise to X in place", adds_in_place),
+    ],
+    lesson13.check_make_loader: [
+        wrong_answer("the broken run: no workers", debugging.make_loader_broken),
+        wrong_answer("one worker", one_worker),
+        wrong_answer("batches of 4", smaller_batches),
+        wrong_answer("reads made free", free_reads),
+        wrong_answer("no DistributedSampler", no_sampler),
+    ],
+    lesson13.check_wrap_for_ddp: [
+        wrong_answer("the broken run: find_unused_parameters=True", debugging.wrap_for_ddp_broken),
+        wrong_answer("no DDP", no_ddp),
+        wrong_answer("still searching, without buffer broadcasts", searching_without_buffers),
+        wrong_answer("freezes a layer", freezes_the_first_layer),
+    ],
+}
+
+SLOW_CHECKS = {lesson13.check_make_loader}  # it times several loaders in turns: the slow tier

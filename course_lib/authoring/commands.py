@@ -1,0 +1,251 @@
+"""The authoring commands, as `python -m course_lib COMMAND` runs them: check, build-lessons,
+run-solutions and pacing. Each parses its flags, calls the pipelines below with plain arguments
+and prints their report; no pipeline imports this module (nbgrader keeps its apps apart the same way).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from . import build, gradebook, grading, pacing, run_solutions, slurm_run
+from .cells import exercise_name, is_check_cell, is_exercise_cell
+from .layout import SOLUTIONS, course_notebooks, find_course_root, find_lesson, matches_numbers
+
+
+# -- check: grade a lesson, or a class's submissions of it -----------------------------------------
+
+def check_main(argv) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib check",
+        description="Grade a lesson's exercises: your own lessons/NN, or learners' submissions. "
+                    "The course's check cells are put back before grading.")
+    parser.add_argument("lesson", help="the lesson: its number (3 or 03) or its path")
+    parser.add_argument("submissions", nargs="*", type=Path, metavar="SUBMISSION",
+                        help="learners' notebooks, or folders of them (one row per learner and "
+                             "exercise); none: grade the lesson itself")
+    parser.add_argument("--csv", type=Path, metavar="FILE", help="write the rows as CSV")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the rows as JSON")
+    parser.add_argument("--timeout", type=float, default=grading.DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"seconds one notebook may take (default {grading.DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--cell-timeout", type=float, default=grading.DEFAULT_CELL_TIMEOUT_S, metavar="S",
+                        help=f"seconds one cell may take before it is interrupted and fails "
+                             f"(default {grading.DEFAULT_CELL_TIMEOUT_S:g})")
+    args = parser.parse_args(argv)
+    try:
+        root = find_course_root()
+        lesson = find_lesson(args.lesson, root)
+        solution = grading.course_solution(lesson, root)
+        if args.submissions:
+            return _grade_class(solution, args)
+        print(f"Grading {lesson} (save it first: this grades the file on disk) ...", flush=True)
+        result = grading.grade(lesson, solution, args.timeout, args.cell_timeout)
+    except LookupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if result.problem and not result.results:
+        print(f"error: {result.problem}", file=sys.stderr)
+        return 2
+    return 0 if print_grade(result) else 1
+
+
+def _grade_class(solution: Path, args) -> int:
+    """Grade every submission, print the gradebook, write CSV/JSON; 0 when every exercise passes."""
+    found = gradebook.find_submissions(args.submissions, solution.name)
+    rows = gradebook.grade_class(solution, _progress_bar(found, solution.stem), args.timeout,
+                                 args.cell_timeout)
+    print_gradebook(rows)
+    if args.csv:
+        gradebook.write_csv(rows, args.csv)
+    if args.json:
+        gradebook.write_json(rows, args.json, solution.name)
+    return 0 if all(row.result == "pass" for row in rows) else 1
+
+
+def _progress_bar(found, lesson: str):
+    """The (learner, notebook) pairs, behind a progress bar on stderr that names who is graded."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(found, desc=f"grading {lesson}", unit="notebook", file=sys.stderr)
+    for learner, notebook in bar:
+        bar.set_postfix_str(learner)
+        yield learner, notebook
+    bar.close()
+
+
+def print_grade(result) -> bool:
+    """Print PASS/FAIL per exercise (check cell) and any other failing cell; True if all pass."""
+    print(f"Grading {result.notebook.name}")
+    if result.problem:
+        print(f"  error  {result.problem}")
+        return False
+    for cell in result.results:
+        if is_check_cell(cell.cell):
+            name = exercise_name(cell.cell)
+            print(f"  {'PASS' if cell.passed else 'FAIL'}  {name}")
+            if name in result.notes:
+                print(f"        note: {result.notes[name]}")
+        elif not cell.passed:
+            role = "exercise" if is_exercise_cell(cell.cell) else "setup"
+            print(f"  note  {role} cell (code cell {cell.index}) failed:")
+        if not cell.passed:
+            print("\n".join("        " + line for line in cell.message.splitlines()))
+    for note in result.ignored:
+        print(f"  note  {note}")
+    solved = sum(cell.passed for cell in result.checks)
+    print(f"{solved} of {len(result.checks)} exercises pass.")
+    return all(cell.passed for cell in result.results)
+
+
+def print_gradebook(rows) -> None:
+    width = max(len(row.learner) for row in rows)
+    print(f"{'learner':<{width}}  result  exercise")
+    for row in rows:
+        print(f"{row.learner:<{width}}  {row.result:<6}  {row.exercise}")
+        if row.result != "pass" and row.message:
+            print(" " * (width + 10) + row.message.splitlines()[0][:150])
+        if row.note:
+            print(" " * (width + 10) + f"note: {row.note}")
+    learners = {row.learner for row in rows}
+    passing = sum(row.result == "pass" for row in rows)
+    print(f"{passing} of {len(rows)} exercises pass, {len(learners)} learners.")
+
+
+# -- build-lessons: lessons/ from solutions/ ---------------------------------------------------------
+
+def build_lessons_main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib build-lessons",
+                                     description="Write lessons/ from solutions/.")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; fail when lessons/ is not what a build would write")
+    parser.add_argument("--only", action="append", default=[], metavar="NN",
+                        help="build only lesson NN (repeat it, or give a list: --only 3,4)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the course folder (default: found from the current folder)")
+    args = parser.parse_args(argv)
+    root = find_course_root(args.root)
+    problems = build.build_lessons(root, check=args.check, only=args.only, say=print)
+    for problem in problems:
+        print(f"problem     {problem}")
+    if problems and args.check:
+        print("lessons/ is stale: run `python -m course_lib build-lessons` and commit lessons/")
+    return 1 if problems else 0
+
+
+# -- run-solutions: execute the solutions, here or through SLURM -------------------------------------
+
+def run_solutions_main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib run-solutions",
+                                     description="Execute the solution notebooks with nbclient.")
+    parser.add_argument("--only", action="append", default=[], metavar="NN",
+                        help="run only lesson NN (repeat it, or give a list: --only 3,4)")
+    parser.add_argument("--timeout", type=float, default=run_solutions.DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"seconds each notebook may take (default {run_solutions.DEFAULT_TIMEOUT_S})")
+    parser.add_argument("--write", action="store_true",
+                        help="store the outputs of each passing notebook back into it "
+                             "(machine paths scrubbed); then run build-lessons")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the course folder (default: found from the current folder)")
+    _add_slurm_arguments(parser)
+    args = parser.parse_args(argv)
+    root = find_course_root(args.root)
+    notebooks = [path for path in course_notebooks(root / SOLUTIONS)
+                 if matches_numbers(path, args.only)]
+    if not notebooks:
+        print(f"no solution notebooks to run in {root / SOLUTIONS}"
+              + (f" for --only {','.join(args.only)}" if args.only else ""), file=sys.stderr)
+        return 2
+    if args.slurm:  # the same run, on a compute node: its report printed here
+        return _run_on_slurm(args, root, notebooks)
+    device = run_solutions.describe_device()
+    runs = []
+    for number, path in enumerate(notebooks, start=1):
+        # slurm_run.latest_progress reads these "[n/N] " lines from a job's log
+        print(f"[{number}/{len(notebooks)}] running {path.name} ...", flush=True)
+        nb, run = run_solutions.execute(path, args.timeout)
+        runs.append(run)
+        print(f"[{number}/{len(notebooks)}] {'pass' if run.passed else 'FAIL'} {path.name} "
+              f"in {run.seconds:.1f} s", flush=True)
+        if args.write and run.passed:
+            run_solutions.store_outputs(nb, path, root)
+            print(f"stored its outputs in {SOLUTIONS}/{path.name}; now run "
+                  f"`python -m course_lib build-lessons`", flush=True)
+        elif args.write:
+            print(f"left {SOLUTIONS}/{path.name} as it was, since it failed", flush=True)
+    print_runs(runs, device)
+    if args.report_json:
+        run_solutions.write_report(args.report_json, runs, device)
+    return 0 if all(run.passed for run in runs) else 1
+
+
+def _add_slurm_arguments(parser) -> None:
+    slurm = parser.add_argument_group("through SLURM (instructors on a cluster)")
+    defaults = slurm_run.JobRequest()
+    slurm.add_argument("--slurm", action="store_true",
+                       help="submit one batch job that runs the notebooks on a compute node, "
+                            "follow it, and print its report here")
+    slurm.add_argument("--partition", default=defaults.partition,
+                       help="the SLURM partition (default: the site's)")
+    slurm.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node, metavar="N",
+                       help=f"GPUs to ask for (default {defaults.gpus_per_node}: a CPU node)")
+    slurm.add_argument("--cpus-per-task", type=int, default=defaults.cpus_per_task, metavar="N",
+                       help=f"CPU cores to ask for (default {defaults.cpus_per_task})")
+    slurm.add_argument("--time", default=defaults.time_limit, metavar="HH:MM:SS",
+                       help=f"the job's time limit (default {defaults.time_limit})")
+    # the node's side of --slurm: where it writes its report
+    slurm.add_argument("--report-json", type=Path, default=None, help=argparse.SUPPRESS)
+
+
+def _run_on_slurm(args, root: Path, notebooks: list) -> int:
+    """The --slurm path of run-solutions: submit, follow, print the node's report; its exit code."""
+    request = slurm_run.JobRequest(args.partition, args.gpus_per_node, args.cpus_per_task, args.time)
+    try:
+        job = slurm_run.submit_run(root, [path.name[:2] for path in notebooks], request,
+                                   args.timeout, args.write)
+        print(f"submitted job {job.id} ({len(notebooks)} notebooks, partition "
+              f"{request.partition or 'default'}, {request.gpus_per_node} GPUs, "
+              f"{request.cpus_per_task} CPUs, time limit {request.time_limit}): {job.script}", flush=True)
+        try:
+            info = slurm_run.follow(job.id, job.log, say=lambda line: print(line, flush=True),
+                                    run_limit_s=slurm_run.seconds_of(request.time_limit) + 120)
+        except KeyboardInterrupt:
+            slurm_run.cancel(job.id)
+            print(f"interrupted: cancelled job {job.id}", file=sys.stderr)
+            return 130
+    except slurm_run.SlurmError as error:
+        print(f"run-solutions --slurm: {error}", file=sys.stderr)
+        return 2
+    if not job.report.exists():
+        print(f"run-solutions --slurm: {slurm_run.why_no_report(job, info)}", file=sys.stderr)
+        return 1
+    runs, device = run_solutions.read_report(job.report)
+    print_runs(runs, device)
+    return 0 if runs and all(run.passed for run in runs) else 1
+
+
+def print_runs(runs, device: str) -> None:
+    rows = [("notebook", "result", "seconds", "device")]
+    rows += [(run.name, "pass" if run.passed else f"FAIL {run.error}", f"{run.seconds:.1f}", device)
+             for run in runs]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+
+
+# -- pacing: each lesson's minutes from the model ----------------------------------------------------
+
+def pacing_main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib pacing",
+                                     description="Each lesson's minutes, from the pacing model.")
+    parser.add_argument("--write", action="store_true",
+                        help="restate each solution's first cell with the model's minutes")
+    args = parser.parse_args(argv)
+    total = 0
+    print("lesson  minutes  reading+running  exercises  stated    pause before")
+    for path in course_notebooks(find_course_root() / SOLUTIONS):
+        lesson, said = pacing.pace(path), pacing.stated_in(path)
+        total += lesson.minutes
+        print(f"{lesson.lesson:<6}  {lesson.minutes:>7}  {lesson.reading_and_running:>15}  "
+              f"{lesson.exercise_minutes:>9}  {said!s:<8}  {lesson.pause_before}")
+        if args.write:
+            pacing.restate_notebook(path, lesson)
+    print(f"in all about {total / 60:.1f} hours")
+    return 0

@@ -1,0 +1,247 @@
+"""Graders for lesson 07, checkpointing and resume: an atomic save that survives a crash, an exact
+resume on 2 ranks (compared with an uninterrupted run), and keeping the last N checkpoints.
+
+- atomic save: the state reaches `path` whole, through a temporary file next to it (same folder,
+  so the rename is atomic), whose bytes were all fsynced before that same file is renamed over
+  `path`; a crash at any step (half way through torch.save, at the fsync, at the rename) leaves
+  the previous checkpoint whole.
+- resume exactly: a run on 2 ranks saved with your save_training_state after 2 steps and again
+  after 3 (rank 0 writes, slowed by 0.5 s on purpose; no rank returns before the new file is on
+  disk; had rank 0 died at any point of the second save, path would still hold the first
+  checkpoint whole), rebuilt from scratch and loaded with your load_training_state, then trained
+  on, gives the uninterrupted run's losses and weights. Your load, given the same checkpoint with
+  an object hidden in it that runs code when unpickled, must not run it (weights only); this
+  last check runs in this process, in a process group of one rank.
+- keep the last N: only the N `step_<number>.pt` files with the largest step numbers stay (by
+  number, not by name or modification time); other files are left alone.
+
+The resume grader runs your save and load functions on 2 gloo ranks (resume_run.py in this
+package); the others run in this process. save_watch.py watches the saves.
+"""
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..engine import expect, expect_close, expect_equal, grader
+from ..engine.ranks import run_on_ranks
+from ...topics.crash_safety import SimulatedCrash, crash_half_way_through_torch_save
+from ...training.models import make_model
+from .resume_run import (FIRST_SAVE_AT, SLOW_SAVE_S, STEPS, STOP_AT, WORLD_SIZE, diagnose,
+                         loads_hidden_code, resume_on_rank)
+from .save_watch import CRASH_POINTS, RENAMES, crash_at, record_file_calls
+
+LAUNCH_TIMEOUT_S = 90
+
+
+# -- exercise 1: an atomic save ------------------------------------------------------------------
+
+def _state(version):
+    model = make_model(seed=version)
+    return {"model": model.state_dict(), "step": version, "note": f"version {version}"}
+
+
+def _same_state(loaded, expected) -> bool:
+    return (isinstance(loaded, dict) and loaded.get("step") == expected["step"]
+            and all(torch.equal(loaded["model"][name], tensor)
+                    for name, tensor in expected["model"].items()))
+
+
+def _load(path):
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as error:  # truncated: torch raises RuntimeError, EOFError... by case
+        return error
+
+
+def _shown(loaded) -> str:
+    if isinstance(loaded, Exception):
+        return f"{type(loaded).__name__}: {str(loaded)[:80]}"
+    return repr(loaded)[:100]
+
+
+@grader("atomic save")
+def check_atomic_save(atomic_save):
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "checkpoint.pt"
+        first, second = _state(1), _state(2)
+        with record_file_calls() as calls:
+            atomic_save(first, path)
+        expect(path.exists(), "the file after atomic_save(state, path)", "a checkpoint at path",
+               "no file at path", "atomic_save returned, and nothing has the name path")
+        loaded = _load(path)
+        expect(_same_state(loaded, first), "torch.load(path) after atomic_save", "the saved state",
+               _shown(loaded), "the file at path does not load back as the state you were given")
+        left = sorted(p.name for p in Path(directory).iterdir() if p.name != path.name)
+        expect_equal(left, [], "other files left in the folder",
+                     "after a save that did not crash, only path may stay: the temporary file "
+                     "becomes path")
+        _expect_synced_then_renamed(calls, path)
+        with crash_half_way_through_torch_save():
+            with contextlib.suppress(SimulatedCrash):
+                atomic_save(second, path)
+        loaded = _load(path)
+        expect(_same_state(loaded, first), "path after a crash half way through saving the next "
+               "checkpoint", "the previous checkpoint, whole and loadable", _shown(loaded),
+               "path itself was being written when the process died: the previous checkpoint "
+               "was gone before the new one was complete")
+        for where, names in CRASH_POINTS:
+            with crash_at(*names):
+                with contextlib.suppress(SimulatedCrash):
+                    atomic_save(second, path)
+            loaded = _load(path)
+            expect(_same_state(loaded, first), f"path after a crash {where} of the next save",
+                   "the previous checkpoint, whole and loadable", _shown(loaded),
+                   f"the process died {where}, and path had already changed: it was removed or "
+                   f"written before the final rename")
+
+        atomic_save(second, path)  # a save after the crash must succeed, over any leftover
+        expect(_same_state(_load(path), second), "path after the next, successful save",
+               "the new state", "something else",
+               "after a crashed save, the next one must still put its state at path, whatever "
+               "the crash left behind")
+
+
+def _expect_synced_then_renamed(calls, path):
+    """The file renamed onto `path` was fsynced, all its bytes, before the rename, in its folder."""
+    renames = [index for index, (name, *_) in enumerate(calls) if name in RENAMES]
+    expect(bool(renames) and calls[renames[-1]][1] == os.fspath(path),
+           "how the file reached path", "a rename of the temporary file onto path",
+           "no rename onto path" if not renames else f"renames {[c[1:3] for c in calls]}",
+           "path was written in place: a crash during the write leaves half a file there")
+    _, _, source, size, identity = calls[renames[-1]]
+    source_folder = Path(source).resolve().parent
+    expect(source_folder == path.resolve().parent, "the folder of the temporary file",
+           "path's own folder", str(source_folder),
+           "a rename is atomic only within one file system, and another folder may be on another "
+           "one (then the rename fails): the file renamed onto path came from elsewhere")
+    synced = [call for call in calls[: renames[-1]] if call[0] == "fsync"]
+    expect(bool(synced), "os.fsync before the rename", "an fsync of the temporary file before "
+           "it is renamed", "no fsync before the rename",
+           "the operating system may put the rename on disk before the data: after a power cut, "
+           "path names an empty or partial file")
+    own = [bytes_on_disk for _, bytes_on_disk, synced_identity in synced
+           if synced_identity == identity]
+    expect(bool(own), "the file you fsynced before the rename",
+           "the temporary file that is renamed onto path", "another file (or the folder)",
+           "the bytes that must be on disk before the rename are the renamed file's own")
+    expect(max(own) == size, "the bytes on disk when you called os.fsync",
+           f"all {size} bytes of the file", f"{max(own)} bytes",
+           "the fsync came before the file was complete: what was written after it is not "
+           "guaranteed on disk when the rename lands")
+
+
+# -- exercise 2: resume exactly, on 2 ranks ------------------------------------------------------
+
+def _run_on_ranks(fn, *args, what: str):
+    """fn(*args) on WORLD_SIZE quiet gloo ranks; a crash, a hang or a stub is explained."""
+    return run_on_ranks(fn, *args, nprocs=WORLD_SIZE, what=what, timeout=LAUNCH_TIMEOUT_S,
+                        hang_hint="the ranks waited for each other forever: one rank called a "
+                                  "collective (all_gather_object, barrier) that another never "
+                                  "reached, e.g. only inside `if rank == 0`",
+                        crash_hint=_crash_hint)
+
+
+def _crash_hint(cause) -> str:
+    if "module." in cause.traceback:
+        return ("the checkpoint's model keys start with 'module.': they are the DDP wrapper's "
+                "names, which the bare model does not have")
+    return "the error was raised in your function (its traceback is below)"
+
+
+@grader("resume exactly")
+def check_resume(save_training_state, load_training_state):
+    what = "a run resumed with your functions on 2 ranks"
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "checkpoint.pt")
+        results = _run_on_ranks(resume_on_rank, save_training_state, load_training_state, path,
+                                what=what)
+        for rank, result in enumerate(results[1:], start=1):
+            expect(result["saves"] == 0, f"torch.save calls on rank {rank}", "0",
+                   str(result["saves"]), f"rank {rank} wrote a file too: the state is the same "
+                   f"on every rank, so one copy, rank 0's, is the checkpoint")
+        seconds = results[0]["save_seconds"]
+        expect(seconds >= SLOW_SAVE_S - 0.01, "how long rank 0's save took",
+               f"at least {SLOW_SAVE_S} s (the grader slows rank 0's torch.save, or its rename "
+               f"onto path, by {SLOW_SAVE_S} s)", f"{seconds:.3f} s",
+               "rank 0's checkpoint reached path through neither torch.save nor a rename, so the "
+               "grader could not watch it being written")
+        written_at = results[0]["written_at"]
+        for rank, result in enumerate(results):
+            early = (f"returned {written_at - result['returned_at']:.2f} s before rank 0's file "
+                     f"was on disk" if written_at and result["returned_at"] < written_at
+                     else "the file at path was not the new checkpoint yet")
+            expect(result["on_disk"] and written_at is not None
+                   and result["returned_at"] >= written_at,
+                   f"the checkpoint when save_training_state returned on rank {rank}",
+                   "the new checkpoint, on disk", early,
+                   f"rank {rank} went on while rank 0 was still writing: it could load, delete or "
+                   f"train past a checkpoint that is not there")
+            expect_equal(result["step"], STOP_AT, f"the step load_training_state returned on rank "
+                         f"{rank}", "the step saved with the checkpoint is the one to return")
+        _expect_previous_checkpoint_survives(results[0]["seen"])
+        for rank, result in enumerate(results):
+            expect_close(result["losses"], result["expected"],
+                         f"rank {rank}'s losses, {STOP_AT} steps + resume + {STEPS - STOP_AT} steps",
+                         diagnose(path), rtol=1e-6, atol=1e-7)
+            expect_close(result["weights"], result["expected_weights"],
+                         f"rank {rank}'s final weights", diagnose(path), rtol=1e-6, atol=1e-7)
+        expect(not loads_hidden_code(load_training_state, path),
+               "load_training_state on a checkpoint with an object hidden in it (like section "
+               "4's Payload, harmless here)",
+               "the load refuses the object (it is not a tensor or a plain container)",
+               "the object was unpickled: the code it carries ran",
+               "whoever writes a checkpoint your load accepts this way can run any code on your "
+               "machine: the load must rebuild tensors and plain containers only")
+
+
+def _expect_previous_checkpoint_survives(seen):
+    """Had rank 0 died anywhere in the save at STOP_AT, path must hold the step-FIRST_SAVE_AT
+    checkpoint, or the new one once renamed over it: never half a file, never no file."""
+    for where, found in seen:
+        expect(found in ("the previous checkpoint", "the new checkpoint"),
+               f"the file at path, had rank 0 crashed {where} while saving step {STOP_AT}",
+               f"the previous checkpoint (step {FIRST_SAVE_AT}), whole", found,
+               "path was written in place (or removed) during the save: a crash there leaves no "
+               "whole checkpoint at all")
+
+
+# -- exercise 3: keep the last N -----------------------------------------------------------------
+
+SAVED_STEPS = [2, 9, 10, 11, 100, 101]
+OTHER_FILES = [".step_102.pt.tmp", "config.json", "step_7.pt.old"]
+
+
+def _make_folder(directory):
+    # mtimes in a shuffled order: files copied between machines do not keep them
+    for index, step in enumerate(SAVED_STEPS):
+        path = Path(directory) / f"step_{step}.pt"
+        path.write_bytes(b"checkpoint")
+        os.utime(path, (1_000_000 + 37 * index % 11, 1_000_000 + 37 * index % 11))
+    for name in OTHER_FILES:
+        (Path(directory) / name).write_bytes(b"other")
+
+
+@grader("keep the last N")
+def check_prune_checkpoints(prune_checkpoints):
+    for keep_last in (3, 1, 6, 10):
+        with tempfile.TemporaryDirectory() as directory:
+            _make_folder(directory)
+            prune_checkpoints(Path(directory), keep_last)
+            left = sorted(path.name for path in Path(directory).iterdir())
+        kept_steps = SAVED_STEPS[-keep_last:]
+        expected = sorted([f"step_{step}.pt" for step in kept_steps] + OTHER_FILES)
+        removed_others = sorted(set(OTHER_FILES) - set(left))
+        deleted = [name for name in expected if name not in left and name not in OTHER_FILES]
+        kept = [name for name in left if name not in expected]
+        if removed_others:
+            hint = f"you deleted {removed_others}: they are not step_<N>.pt checkpoints"
+        elif deleted:
+            hint = (f"you deleted {deleted}, among the {keep_last} largest steps"
+                    + (f", and kept {kept}" if kept else ""))
+        else:
+            hint = f"you kept {kept}, older than the {keep_last} largest steps"
+        expect_equal(left, expected, f"the folder after prune_checkpoints(directory, "
+                     f"keep_last={keep_last}) (saved steps {SAVED_STEPS})", hint)

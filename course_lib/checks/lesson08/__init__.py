@@ -1,0 +1,142 @@
+"""Lesson 08 graders: the pitfalls clinic's four DIAGNOSE exercises, each fix run on 2 gloo ranks.
+
+- the log line: log_mean_loss returns the mean over all ranks on every rank, and rank 0 alone
+  prints it (the printed number is that mean; stdout or stderr, as print allows).
+- the second step: three DDP steps of wrap_model's model train like one process, on both ranks.
+- every epoch the same: each epoch, the ranks together see every index once; the order changes
+  from epoch to epoch, and so does each rank's share (one permutation of the whole dataset).
+- the checkpoint the others read: only rank 0 calls torch.save, on a slow shared disk (the file
+  exists, torn, while rank 0 writes; an older checkpoint is there before); every rank loads the
+  new weights as soon as save_checkpoint returns, and returns when rank 0's save ended, not a
+  fixed time later: twice, with disks of two speeds.
+
+Each grader fails the broken snippet (a hang, a crash, a wrong result), fixes of the symptom and
+half-fixes; the reference fixes are in course_lib.topics.pitfalls. fix_runs.py runs each fix on
+the ranks."""
+import os
+import re
+import tempfile
+
+import torch
+from torch.utils.data import TensorDataset
+
+from ..engine import expect, expect_close, grader
+from ...training.models import make_model_with_unused_branch
+from .fix_runs import (WORLD_SIZE, mean_loss_on_rank, reference_body, run_fix,
+                       save_then_load_on_rank, train_on_rank)
+
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+# -- exercise 1: the log line -------------------------------------------------------------------
+
+def _numbers_in(text: str) -> list:
+    return [float(number) for number in NUMBER.findall(text)]
+
+
+@grader("the log line")
+def check_log_mean_loss(log_mean_loss):
+    results = run_fix(lambda: mean_loss_on_rank(log_mean_loss), "log_mean_loss, then a barrier, "
+                      "on 2 ranks")
+    losses = [float(rank + 1) for rank in range(WORLD_SIZE)]
+    expected = sum(losses) / WORLD_SIZE
+    for rank, (mean, _) in enumerate(results):
+        if abs(mean - expected) > 1e-5:
+            said = {sum(losses): "the sum over the ranks", losses[rank]: f"rank {rank}'s own loss"}
+            which = next((name for value, name in said.items() if abs(mean - value) < 1e-5), None)
+            expect(False, f"what log_mean_loss returns on rank {rank} (rank r's loss is r + 1)",
+                   f"the mean over the ranks, {expected:g}", f"{mean:g}",
+                   f"that is {which}: every rank goes on training with the mean" if which else
+                   "every rank must return the mean of all ranks' losses")
+    printed = results[0][1].strip()
+    expect(printed != "", "rank 0's output", "one line with the mean loss", "nothing",
+           "the log line is rank 0's: it must still appear")
+    if not any(abs(number - expected) < 1e-3 for number in _numbers_in(printed)):
+        said = {sum(losses): "the sum over the ranks", losses[0]: "rank 0's own loss"}
+        which = next((name for value, name in said.items()
+                      if any(abs(number - value) < 1e-3 for number in _numbers_in(printed))), None)
+        expect(False, "the number rank 0 prints", f"the mean over the ranks, {expected:g}",
+               repr(printed[:80]), f"rank 0 printed {which}" if which else
+               "rank 0's line must hold the mean over the ranks")
+    expect(results[1][1] == "", "rank 1's output", "nothing", repr(results[1][1][:80]),
+           "rank 1 printed a line too: with N ranks the log holds N copies of every step")
+
+
+# -- exercise 2: the second step ----------------------------------------------------------------
+
+@grader("the second step")
+def check_wrap_model(wrap_model):
+    results = run_fix(lambda: train_on_rank(wrap_model), "3 DDP steps with wrap_model on 2 ranks")
+    reference = reference_body()
+    apart = any(not torch.allclose(results[0][name], results[1][name], rtol=1e-4, atol=1e-6)
+                for name in reference)
+    hint = ("the two ranks ended with different weights: their gradients were never averaged"
+            if apart else "the ranks agree, but not with one process on the global batch: each "
+            "step must use the mean of the ranks' gradients")
+    for rank, body in enumerate(results):
+        for name, tensor in reference.items():
+            expect_close(body[name], tensor, f"rank {rank}'s body.{name} after 3 steps",
+                         hint=hint, rtol=1e-4, atol=1e-6)
+
+
+# -- exercise 3: every epoch the same -----------------------------------------------------------
+
+N_INDICES, EPOCHS = 20, 3
+
+
+@grader("every epoch the same")
+def check_indices_per_epoch(indices_per_epoch):
+    dataset = TensorDataset(torch.arange(N_INDICES))
+    results = run_fix(lambda: indices_per_epoch(dataset, epochs=EPOCHS, batch_size=4),
+                      "indices_per_epoch on 2 ranks")
+    every_index = list(range(N_INDICES))
+    for epoch in range(EPOCHS):
+        seen = [list(per_rank[epoch]) for per_rank in results]
+        together = sorted(seen[0] + seen[1])
+        expect(together == every_index, f"the indices ranks 0 and 1 see together in epoch {epoch}",
+               f"each of the {N_INDICES} once", f"{len(together)} indices, "
+               f"{len(together) - len(set(together))} of them on both ranks",
+               "each sample once per epoch, on one rank: the ranks' shares must not overlap")
+    orders = [tuple(results[0][epoch]) for epoch in range(EPOCHS)]
+    repeated = next(((a, b) for a in range(EPOCHS) for b in range(a + 1, EPOCHS)
+                     if orders[a] == orders[b]), None)
+    expect(repeated is None, "rank 0's order in each epoch", f"{EPOCHS} different orders",
+           f"epochs {repeated} in the same order: {orders[0][:6]}..." if repeated else "",
+           "the run's symptom: every epoch is the first one again")
+    shares = [frozenset(order) for order in orders]
+    expect(len(set(shares)) == EPOCHS, "the samples rank 0 gets in each epoch",
+           "a new share every epoch, drawn from the whole dataset",
+           f"the same {len(shares[0])} samples every epoch, reordered",
+           "each rank reshuffles only its own half: rank 0 never meets rank 1's samples")
+
+
+# -- exercise 4: the checkpoint the others read --------------------------------------------------
+
+DISK_SECONDS = (0.4, 1.2)  # rank 0's save takes this long, as on a busy shared file system
+WAKE_BAND_S = 0.75  # a rank told that the save ended returns within ms; a fixed wait does not
+
+
+@grader("the checkpoint the others read")
+def check_save_checkpoint(save_checkpoint):
+    for seconds in DISK_SECONDS:
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "model.pt")
+            torch.save(make_model_with_unused_branch(seed=1).state_dict(), path)  # last epoch's
+            results = run_fix(lambda: save_then_load_on_rank(save_checkpoint, path, seconds),
+                              f"save_checkpoint on 2 ranks, rank 0's disk taking {seconds:g} s")
+        where = f"with rank 0's disk taking {seconds:g} s"
+        expect([saves for saves, *_ in results] == [1, 0], f"torch.save calls on ranks 0 and 1 "
+               f"{where}", "[1, 0]", str([saves for saves, *_ in results]),
+               "the ranks hold the same weights: one writer is enough, and two writers of one "
+               "file tear it")
+        save_ended = results[0][3]
+        for rank, (_, loaded, returned, _) in enumerate(results):
+            expect(loaded == "the new weights", f"what rank {rank} loads right after "
+                   f"save_checkpoint returns, {where}", "the new weights", loaded,
+                   "when save_checkpoint returns on this rank, rank 0 has not finished writing")
+            late = returned - save_ended
+            expect(-0.01 <= late <= WAKE_BAND_S, f"when save_checkpoint returns on rank {rank}, "
+                   f"{where}", f"when rank 0's save ends (within {WAKE_BAND_S} s after it)",
+                   f"{late:+.2f} s from it", "a rank must not return before the file is "
+                   "complete, and no later than it must: a fixed wait is right for one disk "
+                   "only" if late > 0 else "this rank returned while rank 0 was still writing")

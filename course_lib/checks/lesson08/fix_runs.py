@@ -1,0 +1,112 @@
+"""Lesson 08's fixes run on 2 gloo ranks: each function here runs inside a rank with the learner's
+fix and sends back plain values for the graders (a mean and what was printed, trained weights, a
+save's count, timing and what was loaded); a stub, a crash or a hang becomes a verdict."""
+import contextlib
+import io
+import time
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..engine.ranks import run_on_ranks
+from ...runtime.shared.env import device_for_rank
+from ...topics import pitfalls
+from ...training.data import make_dataset
+from ...training.models import make_model_with_unused_branch
+
+LAUNCH_TIMEOUT_S = 20   # a correct answer takes well under a second; past this, it hangs
+WORLD_SIZE = 2
+READ_THE_RUN = "read the broken run's diagnosis again: where did each rank wait, or fail?"
+
+
+def run_fix(fn, what: str, hang_hint: str = READ_THE_RUN):
+    """Every rank's result of fn(); a stub, a crash or a hang becomes the learner's verdict."""
+    import torch._dynamo  # noqa: F401  DDP imports it on first use; here once, not in every rank
+
+    return run_on_ranks(fn, nprocs=WORLD_SIZE, what=what, hang_hint=hang_hint,
+                        timeout=LAUNCH_TIMEOUT_S)
+
+
+# -- exercise 1: the log line -------------------------------------------------------------------
+
+def mean_loss_on_rank(log_mean_loss):
+    rank = dist.get_rank()
+    loss = torch.tensor(float(rank + 1), device=device_for_rank())
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        mean = log_mean_loss(loss)
+    dist.barrier()  # the step goes on after logging, as in the broken run
+    return float(mean), printed.getvalue()
+
+
+# -- exercise 2: the second step ----------------------------------------------------------------
+
+STEPS, BATCH_PER_RANK, LR = 3, 8, 0.1
+
+
+def batches(rank: int):
+    X, y = make_dataset(n_samples=STEPS * BATCH_PER_RANK * WORLD_SIZE, seed=1).tensors
+    X, y = X.view(STEPS, WORLD_SIZE, BATCH_PER_RANK, -1), y.view(STEPS, WORLD_SIZE, BATCH_PER_RANK)
+    return [(X[step, rank], y[step, rank]) for step in range(STEPS)]
+
+
+def train_on_rank(wrap_model):
+    rank, device = dist.get_rank(), device_for_rank()
+    model = make_model_with_unused_branch(seed=0).to(device)
+    wrapped = wrap_model(model)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR)
+    for X, y in batches(rank):
+        optimizer.zero_grad()
+        F.cross_entropy(wrapped(X.to(device)), y.to(device)).backward()
+        optimizer.step()
+    return {name: tensor.cpu() for name, tensor in model.body.state_dict().items()}
+
+
+def reference_body():
+    """One process on the whole global batch: what averaged gradients must give."""
+    model = make_model_with_unused_branch(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    per_rank = [batches(rank) for rank in range(WORLD_SIZE)]
+    for step in range(STEPS):
+        X = torch.cat([per_rank[rank][step][0] for rank in range(WORLD_SIZE)])
+        y = torch.cat([per_rank[rank][step][1] for rank in range(WORLD_SIZE)])
+        optimizer.zero_grad()
+        F.cross_entropy(model(X), y).backward()
+        optimizer.step()
+    return model.body.state_dict()
+
+
+# -- exercise 4: the checkpoint the others read --------------------------------------------------
+
+RANK0_LATE_S = 0.3  # rank 0 reaches save_checkpoint this much after the others
+
+
+def save_then_load_on_rank(save_checkpoint, path, seconds):
+    rank, calls = dist.get_rank(), []
+    model = make_model_with_unused_branch(seed=0).to(device_for_rank())
+    dist.barrier()  # the ranks start together, and rank 0 a little later: the others find last
+    if rank == 0:   # epoch's file first, as on a cluster where rank 0 also logs before it saves
+        time.sleep(RANK0_LATE_S)
+    with pitfalls.slow_disk(seconds) as saves_ended:
+        slow_save = torch.save
+
+        def counted_save(obj, f, *args, **kwargs):
+            calls.append(rank)
+            return slow_save(obj, f, *args, **kwargs)
+
+        with mock.patch.object(torch, "save", counted_save):
+            save_checkpoint(model, path)
+    returned = time.perf_counter()
+    try:
+        state = torch.load(path, map_location="cpu")
+    except Exception as error:  # noqa: BLE001 - what the learner needs to hear
+        loaded = f"{type(error).__name__}: {str(error).replace(path, 'model.pt')[:120]}"
+    else:
+        new = all(torch.equal(state.get(name, torch.empty(0)).cpu(), tensor.cpu())
+                  for name, tensor in model.state_dict().items()) if isinstance(state, dict) \
+            else False
+        loaded = "the new weights" if new else "an older checkpoint (or other weights)"
+    dist.barrier()  # nobody leaves (and the folder stays) until every rank has loaded
+    return len(calls), loaded, returned, saves_ended[-1] if saves_ended else None

@@ -1,0 +1,57 @@
+"""Timing a learner's loader against the broken one inside a rank, in turns, on the same machine.
+
+A busy machine only ever adds time, so each loader's best of MEASUREMENTS is what counts; the
+batches each loader gives are recorded too, so that a faster loader of other samples is seen.
+"""
+import math
+import warnings
+
+from torch.utils.data import DataLoader
+
+from ...topics import debugging
+from ...topics.input_pipeline import device_step, measure_data_wait, shutdown_workers
+
+MEASUREMENTS = 3          # each loader's best of this many, in turns
+WARMUP, MEASURED = 4, 16  # the 20 batches of one epoch on each rank
+
+
+def loader_on_rank(make_loader) -> dict:
+    """In a rank: this rank's batches from both loaders, and the seconds a step takes with each."""
+    dataset = debugging.SamplesOnDisk()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. "more workers than cores"
+        loader = make_loader(dataset)
+        facts = {"read_seconds": dataset.read_seconds, "broken": [], "fixed": [],
+                 "own_read_seconds": getattr(getattr(loader, "dataset", None), "read_seconds",
+                                             debugging.READ_SECONDS)}
+        try:
+            for _ in range(MEASUREMENTS):
+                broken_loader = debugging.make_loader_broken(dataset)
+                broken, facts["broken_batches"] = seconds_per_step(broken_loader)
+                fixed, facts["batches"] = seconds_per_step(loader)
+                facts["broken"].append(broken)
+                facts["fixed"].append(fixed)
+                if facts["batches"] != facts["broken_batches"]:
+                    break
+        finally:
+            if isinstance(loader, DataLoader):
+                shutdown_workers(loader)
+    return facts
+
+
+def seconds_per_step(loader):
+    """(seconds a step takes with `loader`, [(sum of X, labels) of each batch]), or (inf, the
+    error's text) when the loader cannot give MEASURED + WARMUP batches."""
+    seen = []
+    step = device_step(debugging.STEP_SECONDS)
+
+    def record_then_step(batch):
+        X, y = batch
+        seen.append((round(float(X.sum()), 4), tuple(y.tolist())))
+        step(batch)
+
+    try:
+        times = measure_data_wait(loader, record_then_step, steps=MEASURED, warmup=WARMUP)
+    except (StopIteration, TypeError, ValueError) as error:
+        return math.inf, f"{type(error).__name__}: {error}"[:120]
+    return (times["data"] + times["compute"]) / MEASURED, seen

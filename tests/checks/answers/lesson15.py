@@ -1,0 +1,322 @@
+"""Lesson 15's graders against answers: correct ones written differently from the solution
+(ALTERNATIVES, each must pass) and plausible wrong ones, each one mistake away from right
+(WRONG_ANSWERS, each must be rejected).
+"""
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from course_lib.checks import lesson15
+
+from . import answer, wrong_answer
+
+
+# -- DDP with overlap, two other ways ----------------------------------------------------------
+class OverlapWithAHandlePerParameter(nn.Module):
+    """One flat broadcast of the parameters; a dict of handles; the mean taken after the wait."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module, self.pending = module, {}
+        with torch.no_grad():
+            flat = parameters_to_vector(module.parameters())
+            dist.broadcast(flat, 0)
+            vector_to_parameters(flat, module.parameters())
+            for buffer in module.buffers():
+                dist.broadcast(buffer, 0)
+        for name, param in module.named_parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(
+                    lambda p, name=name: self.pending.__setitem__(name, (p, dist.all_reduce(p.grad, async_op=True))))
+
+    def forward(self, tokens):
+        return self.module(tokens)
+
+    def finish_gradient_sync(self):
+        grads = []
+        for param, work in self.pending.values():
+            work.wait()
+            grads.append(param.grad)
+        torch._foreach_div_(grads, dist.get_world_size())
+        self.pending = {}
+
+
+def course_ddp_per_parameter(module):
+    from course_lib.topics.from_scratch import DDPFromScratch
+    return DDPFromScratch(module, bucket_cap_mb=None)
+
+
+# -- the bucket plan, two other ways -----------------------------------------------------------
+def plan_with_running_totals(parameters, bucket_cap_mb):
+    trainable = [p for p in parameters if p.requires_grad][::-1]
+    cap, plan, total = int(bucket_cap_mb * 1024 * 1024), [], None
+    for param in trainable:
+        size = param.nelement() * param.element_size()
+        if total is None or total + size > cap:
+            plan.append([param])
+            total = size
+        else:
+            plan[-1].append(param)
+            total += size
+    return plan
+
+
+def plan_as_tuples(parameters, bucket_cap_mb):
+    from course_lib.topics.from_scratch.buckets import assign_buckets
+    return tuple(tuple(bucket) for bucket in
+                 assign_buckets([p for p in parameters if p.requires_grad], bucket_cap_mb))
+
+
+# -- DDP with buckets, two other ways -------------------------------------------------------------
+class BucketsWithViews(nn.Module):
+    """A flat buffer per bucket, allocated once; gradients copied in as they come, views copied out."""
+
+    def __init__(self, module, bucket_cap_mb=25):
+        super().__init__()
+        self.module = module
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            dist.broadcast(tensor.data, src=0)
+        self.plan = plan_with_running_totals(module.parameters(), bucket_cap_mb)
+        self.buffers_ = [torch.zeros(sum(p.numel() for p in b)) for b in self.plan]
+        self.where, self.left, self.works = {}, {}, []
+        for b, bucket in enumerate(self.plan):
+            offsets = itertools.accumulate([0] + [p.numel() for p in bucket])
+            for param, offset in zip(bucket, offsets):
+                self.where[param] = (b, offset)
+                param.register_post_accumulate_grad_hook(self._ready)
+        self.left = {b: len(bucket) for b, bucket in enumerate(self.plan)}
+
+    def _ready(self, param):
+        b, offset = self.where[param]
+        self.buffers_[b][offset:offset + param.numel()].copy_(param.grad.flatten())
+        self.left[b] -= 1
+        if self.left[b] == 0:
+            self.works.append((b, dist.all_reduce(self.buffers_[b], async_op=True)))
+
+    def forward(self, tokens):
+        return self.module(tokens)
+
+    def finish_gradient_sync(self):
+        for b, work in self.works:
+            work.wait()
+            self.buffers_[b] /= dist.get_world_size()
+            for param in self.plan[b]:
+                offset = self.where[param][1]
+                param.grad.copy_(self.buffers_[b][offset:offset + param.numel()].view_as(param.grad))
+        self.works = []
+        self.left = {b: len(bucket) for b, bucket in enumerate(self.plan)}
+
+
+def course_ddp_with_buckets(module, bucket_cap_mb):
+    from course_lib.topics.from_scratch import DDPFromScratch
+    return DDPFromScratch(module, bucket_cap_mb=bucket_cap_mb)
+
+
+ALTERNATIVES = {
+    lesson15.check_overlapping_ddp: [
+        answer("flat broadcast, a handle per name, foreach mean after the wait",
+               OverlapWithAHandlePerParameter),
+        answer("the course's DDPFromScratch (buffers broadcast every forward)", course_ddp_per_parameter),
+    ],
+    lesson15.check_plan_buckets: [
+        answer("running totals, nelement", plan_with_running_totals),
+        answer("tuples, from the course's assign_buckets", plan_as_tuples),
+    ],
+    lesson15.check_bucketed_ddp: [
+        answer("preallocated buffers, gradients copied in as they come", BucketsWithViews),
+        answer("the course's DDPFromScratch with buckets", course_ddp_with_buckets),
+    ],
+}
+
+
+# Wrong answers, each one mistake away from right
+
+# -- the bucket plan ---------------------------------------------------------------------------
+def _plan(parameters, bucket_cap_mb, order=reversed, cap_bytes=2**20, close_after=False):
+    cap, buckets, size = bucket_cap_mb * cap_bytes, [], 0
+    for param in order([p for p in parameters if p.requires_grad]):
+        nbytes = param.numel() * param.element_size()
+        if not buckets or (not close_after and size + nbytes > cap) or (close_after and size >= cap):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(param)
+        size += nbytes
+    return buckets
+
+
+def plan_forward_order(parameters, bucket_cap_mb):
+    return _plan(parameters, bucket_cap_mb, order=list)
+
+
+def plan_past_the_cap(parameters, bucket_cap_mb):  # torch's Reducer closes a bucket this way
+    return _plan(parameters, bucket_cap_mb, close_after=True)
+
+
+def plan_with_frozen(parameters, bucket_cap_mb):
+    cap, buckets, size = bucket_cap_mb * 2**20, [], 0
+    for param in reversed(list(parameters)):
+        nbytes = param.numel() * param.element_size()
+        if not buckets or size + nbytes > cap:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(param)
+        size += nbytes
+    return buckets
+
+
+def plan_in_megabytes(parameters, bucket_cap_mb):
+    return _plan(parameters, bucket_cap_mb, cap_bytes=10**6)
+
+
+# -- one all-reduce per gradient -----------------------------------------------------------------
+class _Overlapping(nn.Module):
+    """Right, but for what a subclass changes."""
+
+    def __init__(self, module, **_):
+        super().__init__()
+        self.module, self.handles = module, []
+        with torch.no_grad():
+            for tensor in self._to_broadcast():
+                dist.broadcast(tensor, src=0)
+        for param in self._to_hook():
+            param.register_post_accumulate_grad_hook(self._ready)
+
+    def _to_broadcast(self):
+        return [*self.module.parameters(), *self.module.buffers()]
+
+    def _to_hook(self):
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def _ready(self, param):
+        param.grad.div_(dist.get_world_size())
+        self.handles.append(dist.all_reduce(param.grad, async_op=True))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_sync(self):
+        for handle in self.handles:
+            handle.wait()
+        self.handles.clear()
+
+
+class AllReduceAfterBackward(_Overlapping):
+    def _ready(self, param):
+        pass
+
+    def finish_gradient_sync(self):
+        for param in self._to_hook():
+            dist.all_reduce(param.grad)
+            param.grad /= dist.get_world_size()
+
+
+class NeverWaits(_Overlapping):
+    def finish_gradient_sync(self):
+        self.handles.clear()
+
+
+class HooksPerModule(_Overlapping):
+    def _to_hook(self):
+        return [p for m in self.module.modules() for p in m.parameters(recurse=False) if p.requires_grad]
+
+
+class WaitsInTheHook(_Overlapping):
+    def _ready(self, param):
+        param.grad.div_(dist.get_world_size())
+        dist.all_reduce(param.grad)
+
+
+class ForgetsBuffers(_Overlapping):
+    def _to_broadcast(self):
+        return list(self.module.parameters())
+
+
+class SumsGradients(_Overlapping):
+    def _ready(self, param):
+        self.handles.append(dist.all_reduce(param.grad, async_op=True))
+
+
+# -- buckets -------------------------------------------------------------------------------------
+class _Bucketed(_Overlapping):
+    plan = staticmethod(_plan)
+
+    def __init__(self, module, bucket_cap_mb=25):
+        self.buckets = self.plan(module.parameters(), bucket_cap_mb)
+        self.bucket_of = {param: b for b, bucket in enumerate(self.buckets) for param in bucket}
+        self.waiting = [len(bucket) for bucket in self.buckets]
+        super().__init__(module)
+
+    def _ready(self, param):
+        b = self.bucket_of[param]
+        self.waiting[b] -= 1
+        if self.waiting[b] == 0:
+            self._launch(b)
+
+    def _launch(self, b):
+        flat = torch.cat([p.grad.flatten() for p in self.buckets[b]]).div_(dist.get_world_size())
+        self.handles.append((b, flat, dist.all_reduce(flat, async_op=True)))
+
+    def finish_gradient_sync(self):
+        for b, flat, handle in self.handles:
+            handle.wait()
+            self._copy_back(b, flat)
+        self.handles.clear()
+        self.waiting = [len(bucket) for bucket in self.buckets]
+
+    def _copy_back(self, b, flat):
+        offset = 0
+        for param in self.buckets[b]:
+            param.grad.copy_(flat[offset:offset + param.numel()].view_as(param))
+            offset += param.numel()
+
+
+class BucketsAfterBackward(_Bucketed):
+    def _ready(self, param):
+        pass
+
+    def finish_gradient_sync(self):
+        for b in range(len(self.buckets)):
+            self._launch(b)
+        super().finish_gradient_sync()
+
+
+class ForwardOrderBuckets(_Bucketed):
+    plan = staticmethod(plan_forward_order)
+
+
+class NeverCopiesBack(_Bucketed):
+    def _copy_back(self, b, flat):
+        pass
+
+
+class OnePerGradient(_Overlapping):
+    def __init__(self, module, bucket_cap_mb=25):
+        super().__init__(module)
+
+
+WRONG_ANSWERS = {
+    lesson15.check_overlapping_ddp: [
+        wrong_answer("all-reduces every gradient after backward: right numbers, no overlap",
+                     AllReduceAfterBackward),
+        wrong_answer("never waits for its all-reduces", NeverWaits),
+        wrong_answer("hooks each module's parameters: the tied weight twice", HooksPerModule),
+        wrong_answer("waits for each all-reduce inside its hook", WaitsInTheHook),
+        wrong_answer("broadcasts the parameters but not the buffers", ForgetsBuffers),
+        wrong_answer("sums the gradients instead of averaging", SumsGradients),
+    ],
+    lesson15.check_plan_buckets: [
+        wrong_answer("buckets in forward order", plan_forward_order),
+        wrong_answer("closes a bucket once it reaches the cap: past it", plan_past_the_cap),
+        wrong_answer("puts the frozen layer in a bucket", plan_with_frozen),
+        wrong_answer("reads the cap in megabytes (10**6 bytes)", plan_in_megabytes),
+    ],
+    lesson15.check_bucketed_ddp: [
+        wrong_answer("all-reduces every bucket after backward", BucketsAfterBackward),
+        wrong_answer("buckets in forward order", ForwardOrderBuckets),
+        wrong_answer("never copies the reduced bucket back", NeverCopiesBack),
+        wrong_answer("one all-reduce per gradient, not per bucket", OnePerGradient),
+    ],
+}
