@@ -64,10 +64,10 @@ def weights(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def train(wrapper, optimizer, finish=None):
-    """STEPS steps on this rank's batches; returns the events of each step and when backward returned."""
+def train(wrapper, optimizer, finish=None, steps=range(STEPS)):
+    """`steps` on this rank's batches; returns the events of each step and when backward returned."""
     per_step = []
-    for step in range(STEPS):
+    for step in steps:
         X, y = local_batch(step)
         loss = F.mse_loss(wrapper(X), y)
         loss.backward()
@@ -153,8 +153,24 @@ def zero_runs():
             results["owned"] = sorted(n for n, p in model.named_parameters() if id(p) in owned)
             results["state"] = sorted(n for n, p in model.named_parameters() if p in optimizer.state)
             results["state bytes"] = optimizer.state_bytes()
+            results["resumed"], results["state bytes after load"] = resumed_zero_run(options)
     results["one process"] = one_process(dist.get_world_size(), torch.optim.AdamW, lr=0.1, weight_decay=0.1)
     return results
+
+
+def resumed_zero_run(options):
+    """ShardedOptimizer's run, stopped after 2 steps and resumed with a new optimizer that loads
+    the first one's state_dict: the weights it ends with, and the state bytes it loaded."""
+    model = TiedNet()
+    ddp = DDPFromScratch(model)
+    optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, **options)
+    train(ddp, optimizer, ddp.finish_gradient_sync, steps=range(2))
+    saved = optimizer.state_dict()
+    resumed = ShardedOptimizer(model.parameters(), torch.optim.AdamW, **options)
+    resumed.load_state_dict(saved)
+    loaded = resumed.state_bytes()
+    train(ddp, resumed, ddp.finish_gradient_sync, steps=range(2, STEPS))
+    return weights(model), loaded
 
 
 def fsdp_runs():
@@ -344,6 +360,15 @@ def test_each_rank_holds_the_state_of_its_share_only(world):
     elements = sum(p.numel() for name, p in TiedNet().named_parameters() if name in TRAINABLE)
     assert total == 2 * 4 * elements + 4 * len(TRAINABLE)  # AdamW: two fp32 tensors and a step each
     assert max(result["state bytes"] for result in runs["zero"]) < total  # really split
+
+
+def test_a_resumed_sharded_optimizer_keeps_its_state(world):
+    # A resume that loses AdamW's moments trains on with fresh ones: other weights, no error.
+    world_size, runs = world
+    for rank, result in enumerate(runs["zero"]):
+        assert result["state bytes after load"] == result["state bytes"] or not result["owned"], \
+            f"rank {rank} loaded {result['state bytes after load']} bytes of state, held {result['state bytes']}"
+        assert_same_weights(result["resumed"], result["ours"], True, f"rank {rank} resumed vs uninterrupted")
 
 
 # -- FSDP --------------------------------------------------------------------------------------------

@@ -66,6 +66,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
             work.wait()
         return loss
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Optimizer.load_state_dict rebinds self.state to a new dict; the local optimizer, which
+        steps, must get the loaded state, and self.state stay its alias."""
+        super().load_state_dict(state_dict)
+        self.local_optimizer.state.clear()
+        self.local_optimizer.state.update(self.state)
+        self.state = self.local_optimizer.state
+
     def owned_parameters(self) -> list:
         """The parameters this rank steps (and keeps optimizer state for)."""
         return [p for group in self.param_groups for p in group["params"] if self.owner[id(p)] == self.rank]
