@@ -4,7 +4,7 @@ the large batch with one all-reduce per step.
 - accumulation with no_sync: one forward per micro-batch (never the group at once); DDP's
   all-reduce on the last micro-batch of each step and on no other, so exactly one per optimizer
   step; the weights after every optimizer step equal one process's on the whole global batch; the
-  returned losses (numbers or 0-dim tensors), one per step, are this rank's: the loss of its own
+  returned losses (floats: any real number type, not tensors), one per step, are this rank's: the loss of its own
   share of each global batch (the mean over its micro-batches), not the global batch's loss
   averaged over the ranks. The loop is the learner's own: a call of the course's
   accumulate_with_no_sync does not count.
@@ -15,6 +15,8 @@ the model, how many have run so far (so it sees which micro-batch's backward all
 compares the weights after every optimizer step with one process that trains on the whole global
 batch.
 """
+import numbers
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -22,10 +24,10 @@ from torch.nn.utils import parameters_to_vector
 
 from .engine.oracle import close, large_batch_sgd
 from .engine.ranks import run_on_ranks
-from .engine import expect, expect_close, grader
+from .engine import describe, expect, expect_close, grader
 from .engine.call_watch import calls_of
 from .engine.learner_call import library_call_hint
-from ..topics.accumulation import accumulate_with_no_sync
+from ..topics.accumulation import _accumulate, accumulate_with_no_sync
 from ..training.data import make_dataset
 from ..training.models import make_model
 
@@ -98,20 +100,34 @@ def _loop_on_rank(train_with_accumulation, grad_accum_steps, steps):
         records.append((weights, len(all_reduces)))
 
     optimizer.register_step_post_hook(record)
-    forwards = []  # (samples, all-reduces so far) at every forward, through DDP or around it
-    ddp_model.module.register_forward_pre_hook(
-        lambda module, args: forwards.append((len(args[0]), len(all_reduces))))
+    forwards = []  # (samples, all-reduces so far, DDP set to sync) at every forward, through DDP or around it
+    ddp_model.module.register_forward_pre_hook(lambda module, args: forwards.append(
+        (len(args[0]), len(all_reduces), ddp_model.require_backward_grad_sync)))
+    backwards = []  # at every backward (its first gradient ready): DDP set to sync, as no_sync sets it
+    first_ready = list(ddp_model.module.parameters())[-1]
+    first_ready.register_post_accumulate_grad_hook(
+        lambda param: backwards.append(ddp_model.require_backward_grad_sync))
     micro_batches = grading_micro_batches(grad_accum_steps, steps, rank)
-    with calls_of(accumulate_with_no_sync) as library_calls:
+    with calls_of(accumulate_with_no_sync, _accumulate) as library_calls:
         losses = train_with_accumulation(ddp_model, optimizer, micro_batches, grad_accum_steps)
     if library_calls:
         return {"library_calls": library_calls}
+    not_a_float = next((describe(loss) for loss in losses if not _is_a_float(loss)), None) \
+        if isinstance(losses, (list, tuple)) else None
+    holds_a_graph = any(getattr(loss, "requires_grad", False) for loss in losses) \
+        if isinstance(losses, (list, tuple)) else False
     try:
         losses = [float(loss) for loss in losses]
-    except TypeError:
+    except (TypeError, ValueError, RuntimeError):
         losses = repr(losses)[:80]  # the grader says so; a crash here would hide the reason
     return {"losses": losses, "records": records, "total_all_reduces": len(all_reduces),
-            "forwards": forwards}
+            "forwards": forwards, "backwards": backwards, "not_a_float": not_a_float,
+            "holds_a_graph": holds_a_graph}
+
+
+def _is_a_float(value) -> bool:
+    """A real number of any type (float, NumPy's floats), not a bool and not a tensor."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _cases_on_rank(train_with_accumulation):
@@ -148,7 +164,7 @@ def check_train_with_accumulation(train_with_accumulation):
 
 
 def _expect_one_forward_per_micro_batch(runs, micro_batches, setting):
-    samples = [count for count, _ in runs[0]["forwards"]]
+    samples = [count for count, *_ in runs[0]["forwards"]]
     expect(samples == [MICRO_BATCH_SIZE] * micro_batches, f"the model's forwards on rank 0 "
            f"({setting})", f"{micro_batches} forwards of {MICRO_BATCH_SIZE} samples, one per "
            "micro-batch", f"{len(samples)} forwards of {sorted(set(samples))} samples",
@@ -160,7 +176,7 @@ def _expect_one_forward_per_micro_batch(runs, micro_batches, setting):
 def _all_reduces_per_micro_batch(run) -> list:
     """How many all-reduces each micro-batch's backward ran: the count at the next forward (or at
     the end) minus the count at its own forward."""
-    counts = [count for _, count in run["forwards"]] + [run["total_all_reduces"]]
+    counts = [count for _, count, _ in run["forwards"]] + [run["total_all_reduces"]]
     return [after - before for before, after in zip(counts, counts[1:])]
 
 
@@ -173,13 +189,26 @@ def _expect_all_reduces_on_last_micro_batches(runs, grad_accum_steps, setting):
                 continue
             position = f"micro-batch {index % grad_accum_steps + 1} of {grad_accum_steps} " \
                        f"in optimizer step {index // grad_accum_steps}"
+            if not count:
+                hint = (f"the last micro-batch of optimizer step {index // grad_accum_steps} did "
+                        "not all-reduce: the ranks stepped with gradients never averaged")
+            elif _backward_only_in_no_sync(run, index):
+                hint = (f"the backward of {position} ran inside no_sync, but its forward ran "
+                        "outside it, and DDP decides in the forward whether the backward that "
+                        "follows all-reduces: so it did")
+            else:
+                hint = (f"the backward of {position} all-reduced the gradients: only the last "
+                        "micro-batch's may, the others accumulate locally")
             expect(False, f"DDP's all-reduces after {position} on rank {rank} ({setting})",
                    "1 (the last micro-batch of the step)" if last else
-                   "0 (the gradients stay local until the last micro-batch)", str(count),
-                   f"the backward of {position} all-reduced the gradients: only the last "
-                   "micro-batch's may, the others accumulate locally" if count else
-                   f"the last micro-batch of optimizer step {index // grad_accum_steps} did not "
-                   "all-reduce: the ranks stepped with gradients never averaged")
+                   "0 (the gradients stay local until the last micro-batch)", str(count), hint)
+
+
+def _backward_only_in_no_sync(run, index) -> bool:
+    """Whether micro-batch `index` ran its forward with DDP set to sync and its backward inside
+    no_sync (one backward per forward, or nothing is claimed)."""
+    forwards, backwards = run["forwards"], run["backwards"]
+    return (len(forwards) == len(backwards) and forwards[index][2] and not backwards[index])
 
 
 def _expect_steps(runs, steps, setting):
@@ -235,6 +264,15 @@ def _expect_losses(runs, reference_losses, rank_losses, steps, setting):
                f"the losses rank {rank} returned ({setting})",
                f"a list of {steps} numbers, one per optimizer step", str(losses)[:80],
                "append the step's loss after each optimizer step, and return the list")
+    for rank, run in enumerate(runs):
+        odd = run["not_a_float"]
+        expect(odd is None, f"the losses rank {rank} returned ({setting})",
+               "a float per optimizer step", odd or "",
+               "a tensor that still holds the autograd graph of its micro-batches: the list keeps "
+               "every step's graph in memory for as long as it lives; the exercise asks for the "
+               "number alone" if run["holds_a_graph"] else
+               "a tensor where the exercise asks for a number: the caller logs, plots or compares "
+               "floats")
     for rank, run in enumerate(runs):
         if _all_close(run["losses"], reference_losses) and not _all_close(reference_losses,
                                                                         rank_losses[rank]):

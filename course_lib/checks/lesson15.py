@@ -7,11 +7,16 @@ random weights.
   step each gradient that needs one is all-reduced exactly once (the tied weight once, the frozen
   layer never); every all-reduce but the last gradient's starts before backward() has computed the
   last gradient, and does not block it (while the last rank is held back, the others compute on);
-  finish_gradient_sync() returns only when every all-reduce is done; the weights after each step
-  equal one process's on the global batch, and torch's DDP's on the same shards.
+  finish_gradient_sync() returns only when every all-reduce is done (done as a wait on its handle
+  or on its Future sees it) and forgets them: nothing of a step's all-reduces is still held at the
+  end of the next step; the weights after each step equal one process's on the global batch, and
+  torch's DDP's on the same shards. The class is the learner's own: one built on the course's
+  DDPFromScratch does not count.
 - the bucket plan: the parameters that need a gradient, each once, from the last registered to
   the first, a new bucket whenever the next gradient would take the current one past
-  bucket_cap_mb MiB (2**20 bytes); a gradient larger than the cap gets a bucket of its own.
+  bucket_cap_mb MiB (2**20 bytes); a bucket may fill the cap exactly; a gradient larger than the
+  cap gets a bucket of its own. The plan is the learner's own: a call of the course's
+  assign_buckets does not count.
 - DDP with buckets: the same rules, with one all-reduce per bucket of the plan, in the plan's
   order, each started when its last gradient is ready.
 """
@@ -22,7 +27,10 @@ import torch
 from .engine import GradingError, expect, grader
 from .engine.gradient_sync import (DELAYED_STEP, TiedNet, close, one_process, parameter_sizes,
                                    state_vector, train_on_rank)
+from .engine.learner_call import call_learner, library_call_hint
 from .engine.ranks import run_on_ranks
+from ..topics.from_scratch.buckets import assign_buckets
+from ..topics.from_scratch.ddp import DDPFromScratch
 
 LAUNCH_TIMEOUT_S = 90
 WORLD_SIZES = (2, 3)
@@ -34,8 +42,13 @@ TIED = "embed.weight (the tied weight: embed and head hold the same tensor)"
 
 
 def _run(ddp_class, ddp_kwargs, world_size, what):
-    return run_on_ranks(train_on_rank, ddp_class, ddp_kwargs, nprocs=world_size, what=what,
-                        timeout=LAUNCH_TIMEOUT_S, hang_hint=SAME_COLLECTIVES)
+    results = run_on_ranks(train_on_rank, ddp_class, ddp_kwargs, nprocs=world_size, what=what,
+                           timeout=LAUNCH_TIMEOUT_S, hang_hint=SAME_COLLECTIVES,
+                           written_by_you=(DDPFromScratch.__init__,))
+    called = results[0].get("library_calls")
+    expect(not called, what, "your own class", "a class built on course_lib.topics.from_scratch's "
+           "DDPFromScratch", library_call_hint("DDPFromScratch", "this exercise"))
+    return results
 
 
 # -- the verdicts both DDP graders share ------------------------------------------------------------
@@ -71,6 +84,12 @@ def _judge_sizes(results, expected, what, ordered):
                         f"{got.count(numel)} all-reduces of {numel} elements where "
                         f"{expected.count(numel)} were expected: each gradient once, and nothing "
                         f"for a parameter that needs no gradient (the frozen layer)")
+            elif step > 0:  # step 0 passed this very check on this rank
+                hint = (f"step 0 was right and step {step} is not: something your class counted "
+                        f"during step 0 was not reset for the next step (how many gradients each "
+                        f"bucket still waits for)" if ordered else
+                        f"step 0 was right and step {step} is not: something your class kept "
+                        f"from step 0 was not reset for the next step")
             elif ordered and sorted(got) == sorted(expected):
                 hint = "the right buckets, in another order: the last layers' gradients come first"
             else:
@@ -114,6 +133,18 @@ def _judge_sync(results, what):
                    "the optimizer would step on gradients the other ranks have not yet sent")
 
 
+def _judge_forgotten(results, what):
+    """Nothing of a step's all-reduces (handles, tensors sent) is still held a step later."""
+    for rank, result in enumerate(results):
+        for step, held in enumerate(result["left_behind"], start=1):
+            expect(held == 0, f"{what}: rank {rank} at the end of step {step}",
+                   f"nothing left of step {step - 1}'s all-reduces: finish_gradient_sync() "
+                   f"forgets what it has waited for",
+                   f"{held} of them still held (their handles, or the tensors they sent)",
+                   "what a step keeps after its wait piles up: one more handle per gradient or "
+                   "bucket every step, each holding its tensors, for the whole run")
+
+
 def _judge_weights(results, oracle, what):
     for step, expected in enumerate(oracle):
         for rank, result in enumerate(results):
@@ -145,6 +176,7 @@ def _judge(ddp_class, ddp_kwargs, world_size, expected_sizes, ordered, what):
     _judge_sizes(results, expected_sizes, what, ordered)
     _judge_overlap(results, what, len(expected_sizes))
     _judge_sync(results, what)
+    _judge_forgotten(results, what)
     _judge_weights(results, oracle, what)
 
 
@@ -170,7 +202,8 @@ def expected_plan(parameters, bucket_cap_mb):
     return buckets
 
 
-PLAN_CASES = ((3, 0.001), (3, 0.003), (5, 0.0043), (3, 0.0002), (3, 25))
+EXACT_FIT_MB = (1024 + 64) / 2**20  # a hidden layer's weight and bias fill it to the byte
+PLAN_CASES = ((3, 0.001), (3, 0.003), (5, 0.0043), (3, 0.0002), (3, 25), (3, EXACT_FIT_MB))
 
 
 @grader("the bucket plan")
@@ -179,8 +212,10 @@ def check_plan_buckets(plan_buckets):
         model = TiedNet(hidden_layers=hidden_layers)
         names = {id(p): name for name, p in model.named_parameters()}
         expected = expected_plan(list(model.parameters()), cap)
-        got = plan_buckets(model.parameters(), cap)
         call = f"plan_buckets(TiedNet(hidden_layers={hidden_layers}).parameters(), {cap})"
+        got = call_learner(plan_buckets, model.parameters(), cap, what=call,
+                           hint="the error was raised in your function (its traceback is below)",
+                           written_by_you=assign_buckets)
         try:
             got_names = [[names.get(id(p), "a tensor not in the model") for p in b] for b in got]
         except TypeError:
@@ -198,8 +233,8 @@ def _plan_hint(got, want, cap):
         return "backward() computes the last layers' gradients first: walk the parameters backwards"
     if flat_got == flat_want:
         return (f"the right order, cut in other places: a bucket holds at most {cap} MiB "
-                f"({cap * 2**20:.0f} bytes: 4 bytes a float32 element), unless one gradient alone "
-                f"is larger")
+                f"({cap * 2**20:.0f} bytes: 4 bytes a float32 element), up to the last byte, "
+                f"unless one gradient alone is larger")
     return "each parameter that needs a gradient once, in reverse registration order"
 
 

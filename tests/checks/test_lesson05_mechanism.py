@@ -27,3 +27,23 @@ def test_the_grader_names_the_micro_batch_or_the_call(description, what):
         lesson05.check_train_with_accumulation(wrong(description))
     assert caught.value.what.startswith(what)
     assert "no_sync()" not in caught.value.hint  # the hint says what happened, not what to type
+
+
+def test_a_forward_outside_no_sync_is_told_apart_from_the_off_by_one():
+    # both all-reduce after micro-batch 1 of 4; only one of them put its backward inside no_sync
+    hints = {}
+    for description in ("no_sync around the backward only",
+                        "syncs and steps on the first micro-batch instead of the last"):
+        with pytest.raises(GradingError) as caught:
+            lesson05.check_train_with_accumulation(wrong(description))
+        assert caught.value.what.startswith("DDP's all-reduces after micro-batch 1 of 4")
+        hints[description] = caught.value.hint
+    assert "its forward ran outside it" in hints["no_sync around the backward only"]
+    assert "forward" not in hints["syncs and steps on the first micro-batch instead of the last"]
+
+
+def test_losses_must_be_floats_and_a_kept_graph_is_named():
+    with pytest.raises(GradingError) as caught:
+        lesson05.check_train_with_accumulation(wrong("returns the summed loss tensors, their graphs kept"))
+    assert caught.value.expected == "a float per optimizer step"
+    assert "autograd graph" in caught.value.hint

@@ -12,7 +12,7 @@ from torch import nn
 from course_lib import launch
 from course_lib.checks import lesson15
 from course_lib.checks.engine import GradingError
-from course_lib.checks.engine.gradient_sync import TiedNet, WatchAllReduces
+from course_lib.checks.engine.gradient_sync import TiedNet, WatchAllReduces, in_flight
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,7 +35,7 @@ def _watch_one_backward(delay):
         if dist.get_rank() == 1:
             watch.delay_next = delay
         (param * 3).sum().backward()
-        in_flight_after_backward = [not work.is_completed() for work in works]
+        in_flight_after_backward = [in_flight([work]) == 1 for work in works]
     for handle in handles:
         handle.wait()
     return [e[:2] for e in events], in_flight_after_backward, param.grad.tolist()
@@ -57,3 +57,42 @@ def test_a_stub_gets_the_usual_advice(capsys):
     with pytest.raises(GradingError, match="NotImplementedError"):
         lesson15.check_overlapping_ddp(Stub)
     assert capsys.readouterr().out == ""
+
+
+def _waited_through_futures(count):
+    """`count` all-reduces, each waited for through its Future: how many the grader saw running."""
+    seen_running = 0
+    for _ in range(count):
+        with WatchAllReduces([], works := []):
+            future = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+        future.wait()
+        seen_running += in_flight(works)
+    return seen_running
+
+
+def test_an_all_reduce_waited_for_through_its_future_is_done():
+    # gloo completes the Future first and marks the Work completed after (finishWorkGloo), so
+    # work.is_completed() is still False after fut.wait() now and then; a learner's wait on the
+    # Future is a wait all the same
+    assert launch(_waited_through_futures, 300, nprocs=2, timeout=120, output="none") == [0, 0]
+
+
+def test_a_crash_in_plan_buckets_is_a_verdict_with_the_learners_frames_only():
+    def plan_buckets(parameters, bucket_cap_mb):
+        return [[p] for p in parameters if p.nbytes() > 0]  # nbytes is not a method: TypeError
+
+    with pytest.raises(GradingError) as caught:
+        lesson15.check_plan_buckets(plan_buckets)
+    rendered = "\n".join(caught.value._render_traceback_())
+    assert "TypeError: 'int' object is not callable" in rendered
+    assert "in plan_buckets" in rendered and "p.nbytes()" in rendered  # the learner's own line
+    assert "course_lib/checks" not in rendered  # none of the grader's frames
+
+
+def test_counts_never_reset_are_named_not_the_order():
+    from answers.lesson15 import NeverResetsTheCounts
+
+    with pytest.raises(GradingError) as caught:
+        lesson15.check_bucketed_ddp(NeverResetsTheCounts)
+    assert "at step 1" in caught.value.what  # step 0 was right
+    assert "not reset" in caught.value.hint and "order" not in caught.value.hint

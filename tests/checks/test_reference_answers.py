@@ -7,12 +7,23 @@ from course_lib.topics.accumulation import accumulate_with_no_sync
 from course_lib.training.checkpoint import write_atomically
 
 
-def test_write_atomically_passes_the_atomic_save_grader(capsys):
-    from answers.lesson07 import reference_atomic_save  # the solution's, which calls it
+def test_write_atomically_is_right_but_is_not_an_answer(capsys):
+    # the library's save, as a function of its own (another code object): right, so it passes
+    import types
 
-    lesson07.check_atomic_save(write_atomically)
-    lesson07.check_atomic_save(reference_atomic_save)
-    assert capsys.readouterr().out.splitlines() == [passed_line("atomic save")] * 2
+    import pytest
+
+    from answers.lesson07 import reference_atomic_save  # the right save ex. 2's wrong loads use
+    from course_lib.checks.engine import GradingError
+
+    copy = types.FunctionType(write_atomically.__code__.replace(co_name="my_save"),
+                              write_atomically.__globals__)
+    lesson07.check_atomic_save(copy)
+    assert capsys.readouterr().out.splitlines() == [passed_line("atomic save")]
+    # exercise 1 handed to the library's own function, under any name, is refused
+    for answer in (write_atomically, reference_atomic_save):
+        with pytest.raises(GradingError, match="write_atomically"):
+            lesson07.check_atomic_save(answer)
 
 
 def test_accumulate_with_no_sync_trains_right_but_is_not_an_answer(capsys):
@@ -23,8 +34,14 @@ def test_accumulate_with_no_sync_trains_right_but_is_not_an_answer(capsys):
 
     from course_lib.checks.engine import GradingError
 
-    copy = types.FunctionType(accumulate_with_no_sync.__code__.replace(co_name="my_loop"),
-                              accumulate_with_no_sync.__globals__)
+    from course_lib.topics.accumulation import _accumulate
+
+    loop = types.FunctionType(_accumulate.__code__.replace(co_name="my_loop"), _accumulate.__globals__)
+
+    def copy(ddp_model, optimizer, micro_batches, grad_accum_steps):
+        return loop(ddp_model, optimizer, micro_batches, grad_accum_steps,
+                    is_last=lambda micro_step: (micro_step + 1) % grad_accum_steps == 0)
+
     lesson05.check_train_with_accumulation(copy)
     assert capsys.readouterr().out.splitlines() == [passed_line("accumulation with no_sync")]
     # a learner who hands the exercise to the library's own function, under any name, does not

@@ -11,8 +11,17 @@ The same rank then trains torch's own DDP on the same shards, for comparison.
 On the last rank, one step's first all-reduce starts DELAY_S late: on every other rank that
 all-reduce cannot finish before then, which shows whether a rank goes on computing while it is in
 flight (overlap) and whether it waits for it before the optimizer step.
+
+An all-reduce counts as done once its Future is: that is what a learner's wait sees, whether it
+waits on the Work (work.wait()) or on its Future (fut.wait(), torch.futures.wait_all). gloo marks
+the Work completed only after it has completed the Future (ProcessGroupGloo.cpp, finishWorkGloo:
+returnFutureWithOutput, then finish()), so is_completed() can still say False after fut.wait().
+At the end of each step the rank also counts what is left of the previous step's all-reduces:
+a class that keeps its handles after waiting for them holds every step's, for the whole run.
 """
+import gc
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -20,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .call_watch import calls_of
 
 VOCAB, WIDTH = 12, 16
 STEPS, GLOBAL_BATCH_SIZE, LR = 3, 12, 0.2   # 12 samples split evenly over 2 or 3 ranks
@@ -87,11 +98,14 @@ def one_process(steps: int = STEPS, hidden_layers: int = 3, optimizer=None) -> l
 
 
 class WatchAllReduces(TorchDispatchMode):
-    """Notes each all-reduce this rank starts (its element count) in `events`; can delay one."""
+    """Notes each all-reduce this rank starts (its element count) in `events` and its Work in
+    `works` (and, when given, a list of weak references to the tensors it sends in `tensors`);
+    can delay one."""
 
-    def __init__(self, events: list, works: list):
+    def __init__(self, events: list, works: list, tensors: list = None):
         super().__init__()
         self.events, self.works, self.delay_next = events, works, 0.0
+        self.tensors = [] if tensors is None else tensors
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.name() not in ("c10d::allreduce_", "c10d::allreduce_coalesced_"):
@@ -102,45 +116,84 @@ class WatchAllReduces(TorchDispatchMode):
         numel = sum(t.numel() for t in args[0])
         self.events.append(("allreduce", numel, time.perf_counter()))
         out = func(*args, **(kwargs or {}))
+        # the same Python object the learner's dist.all_reduce returns (pybind finds it registered)
         self.works.append(dist.distributed_c10d.Work.unbox(out[-1]))
+        self.tensors.append([weakref.ref(t) for t in args[0]])
         return out
 
 
-def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: int = STEPS) -> dict:
-    """Inside a rank: the learner's class on TiedNet(seed=rank), then torch's DDP on the same shards."""
+def in_flight(works) -> int:
+    """How many of `works` are still running, as a learner's wait sees it: their Future not done."""
+    return sum(not work.get_future().done() for work in works)
+
+
+SETTLE_S = 0.2  # gloo's worker thread lets go of a finished Work a moment after completing it
+
+
+def left_behind(previous: list, sent_now: list) -> int:
+    """How many of the previous step's all-reduces something still holds now: their Work, or a
+    tensor they sent that this step did not send again (a bucket's buffer, reused, is no leak).
+    `previous`: per all-reduce, (a weak reference to its Work, to each tensor it sent);
+    `sent_now`: per all-reduce of this step, weak references to its tensors. Waits up to SETTLE_S."""
+    deadline = time.perf_counter() + SETTLE_S
+    while True:
+        gc.collect()
+        again = {id(t) for refs in sent_now for t in (ref() for ref in refs) if t is not None}
+        held = sum(work() is not None or any(ref() is not None and id(ref()) not in again
+                                             for ref in tensors)
+                   for work, tensors in previous)
+        if not held or time.perf_counter() > deadline:
+            return held
+        time.sleep(0.01)
+
+
+def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: int = STEPS,
+                  written_by_you=()) -> dict:
+    """Inside a rank: the learner's class on TiedNet(seed=rank), then torch's DDP on the same shards.
+    A call of any of `written_by_you` (the course's own answers) while the class is built comes
+    back as {"library_calls": [their names]}, and nothing is trained."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = TiedNet(seed=rank, hidden_layers=hidden_layers)
     events, works = [], []
     names = [name for name, _ in trainable(model)]
     for index, (_, param) in enumerate(trainable(model)):
         def ready(param, index=index):  # runs before the learner's hook on the same tensor
-            in_flight = sum(not work.is_completed() for work in works)
-            events.append(("ready", index, time.perf_counter(), in_flight))
+            events.append(("ready", index, time.perf_counter(), in_flight(works)))
         param.register_post_accumulate_grad_hook(ready)
-    wrapped = ddp_class(model, **ddp_kwargs)
+    with calls_of(*written_by_you) as library_calls:
+        wrapped = ddp_class(model, **ddp_kwargs)
+    if library_calls:
+        return {"library_calls": library_calls}
     after_construction = state_vector(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    per_step, weights = [], []
+    per_step, weights, left, previous = [], [], [], None
     for step, (X, y) in enumerate(batches(steps)):
         events.clear()
         works.clear()
+        sent = []
         X_local, y_local = shard(X, y, rank, world_size)
-        with WatchAllReduces(events, works) as watch:
+        with WatchAllReduces(events, works, sent) as watch:
             if step == DELAYED_STEP and rank == world_size - 1:
                 watch.delay_next = DELAY_S
             loss = F.cross_entropy(wrapped(X_local), y_local)
             loss.backward()
             events.append(("returned", time.perf_counter()))
             wrapped.finish_gradient_sync()
-            events.append(("synced", time.perf_counter(), sum(not w.is_completed() for w in works)))
+            events.append(("synced", time.perf_counter(), in_flight(works)))
         for work in works:
             work.wait()  # a rank that forgot to wait must not leave one in flight into torch's DDP
         optimizer.step()
         optimizer.zero_grad()
+        del loss
+        if previous is not None:
+            left.append(left_behind(previous, sent))
+        previous = [(weakref.ref(work), tensors) for work, tensors in zip(works, sent)]
+        works.clear()  # from here on only the learner's class can keep them alive
         per_step.append(list(events))
         weights.append(parameters_to_vector(model.parameters()).detach().clone())
     return dict(after_construction=after_construction, steps=per_step, weights=weights,
-                names=names, torch_ddp=_torch_ddp(rank, world_size, hidden_layers, steps))
+                names=names, left_behind=left,
+                torch_ddp=_torch_ddp(rank, world_size, hidden_layers, steps))
 
 
 def _torch_ddp(rank: int, world_size: int, hidden_layers: int, steps: int) -> list:

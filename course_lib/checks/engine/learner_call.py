@@ -2,8 +2,11 @@
 of the course's own answer to the exercise (seen by checks/call_watch.py, whatever name it was
 imported under) is refused: the exercise asks the learner to write that part.
 """
-from . import expect
+import traceback
+
+from . import GradingError, expect
 from .call_watch import calls_of
+from .ranks import without_grader_frames
 
 
 def library_call_hint(name: str, exercise: str) -> str:
@@ -13,8 +16,9 @@ def library_call_hint(name: str, exercise: str) -> str:
 
 
 def call_learner(function, *args, what: str, hint: str = "", written_by_you=None):
-    """The learner's function's result; a crash becomes a GradingError that quotes it, and a
-    call of the course's `written_by_you` (the exercise's own answer) a GradingError too."""
+    """The learner's function's result; a crash becomes a GradingError that quotes it, with the
+    learner's own frames of its traceback (never the grader's), and a call of the course's
+    `written_by_you` (the exercise's own answer) a GradingError too."""
     watched = [written_by_you] if written_by_you else []
     try:
         with calls_of(*watched) as called:
@@ -22,7 +26,9 @@ def call_learner(function, *args, what: str, hint: str = "", written_by_you=None
     except NotImplementedError:
         raise  # the @grader decorator turns the stub into advice
     except Exception as error:
-        expect(False, what, "a result", f"{type(error).__name__}: {error}"[:300], hint)
+        frames = without_grader_frames("".join(traceback.format_exception(error)))
+        raise GradingError(what, "a result", f"{type(error).__name__}: {error}"[:300], hint,
+                           f"your function's traceback (the grader's frames left out):\n{frames}") from None
     if called:
         name = f"{written_by_you.__module__}.{called[0]}"
         expect(False, what, f"your own {called[0]}", f"a call of {name}",

@@ -1,18 +1,21 @@
 """Graders for lesson 07, checkpointing and resume: an atomic save that survives a crash, an exact
 resume on 2 ranks (compared with an uninterrupted run), and keeping the last N checkpoints.
 
-- atomic save: the state reaches `path` whole, through a temporary file next to it (same folder,
+- atomic save (your own: a call of the course's write_atomically does not count): the state
+  reaches `path` whole, through a temporary file next to it (same folder,
   so the rename is atomic), whose bytes were all fsynced before that same file is renamed over
   `path`; a crash at any step (half way through torch.save, at the fsync, at the rename) leaves
   the previous checkpoint whole.
-- resume exactly: a run on 2 ranks saved with your save_training_state after 2 steps and again
+- resume exactly: a run on 2 ranks, and again on 3, saved with your save_training_state after 2 steps and again
   after 3 (rank 0 writes, slowed by 0.5 s on purpose; no rank returns before the new file is on
   disk; had rank 0 died at any point of the second save, path would still hold the first
   checkpoint whole), rebuilt from scratch and loaded with your load_training_state, then trained
-  on, gives the uninterrupted run's losses and weights. Your load, given the same checkpoint with
-  an object hidden in it that runs code when unpickled, must not run it (weights only); this
+  on, gives the uninterrupted run's losses and weights; `path` is a pathlib.Path. Your load reads
+  the same checkpoint saved on GPUs (its tensors on a GPU this machine lacks) onto the CPU
+  (map_location). Your load, given the same checkpoint with an object hidden in it that runs code when unpickled, must not run it (weights only); this
   last check runs in this process, in a process group of one rank.
-- keep the last N: only the N `step_<number>.pt` files with the largest step numbers stay (by
+- keep the last N (your own: a call of the course's list_checkpoints does not count): only the N
+  `step_<number>.pt` files with the largest step numbers stay (by
   number, not by name or modification time); other files are left alone.
 
 The resume grader runs your save and load functions on 2 gloo ranks (resume_run.py in this
@@ -26,11 +29,14 @@ from pathlib import Path
 import torch
 
 from ..engine import expect, expect_close, expect_equal, grader
+from ..engine.call_watch import calls_of
+from ..engine.learner_call import library_call_hint
 from ..engine.ranks import run_on_ranks
 from ...topics.crash_safety import SimulatedCrash, crash_half_way_through_torch_save
+from ...training.checkpoint import list_checkpoints, write_atomically
 from ...training.models import make_model
-from .resume_run import (FIRST_SAVE_AT, SLOW_SAVE_S, STEPS, STOP_AT, WORLD_SIZE, diagnose,
-                         loads_hidden_code, resume_on_rank)
+from .resume_run import (FIRST_SAVE_AT, SLOW_SAVE_S, STEPS, STOP_AT, WORLD_SIZES, diagnose,
+                         loads_a_gpu_checkpoint, loads_hidden_code, resume_on_rank)
 from .save_watch import CRASH_POINTS, RENAMES, crash_at, record_file_calls
 
 LAUNCH_TIMEOUT_S = 90
@@ -67,8 +73,11 @@ def check_atomic_save(atomic_save):
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "checkpoint.pt"
         first, second = _state(1), _state(2)
-        with record_file_calls() as calls:
+        with record_file_calls() as calls, calls_of(write_atomically) as library_calls:
             atomic_save(first, path)
+        expect(not library_calls, "atomic_save(state, path)", "your own atomic save",
+               "a call of course_lib.training.checkpoint.write_atomically",
+               library_call_hint("write_atomically", "exercise 1"))
         expect(path.exists(), "the file after atomic_save(state, path)", "a checkpoint at path",
                "no file at path", "atomic_save returned, and nothing has the name path")
         loaded = _load(path)
@@ -135,9 +144,9 @@ def _expect_synced_then_renamed(calls, path):
 
 # -- exercise 2: resume exactly, on 2 ranks ------------------------------------------------------
 
-def _run_on_ranks(fn, *args, what: str):
-    """fn(*args) on WORLD_SIZE quiet gloo ranks; a crash, a hang or a stub is explained."""
-    return run_on_ranks(fn, *args, nprocs=WORLD_SIZE, what=what, timeout=LAUNCH_TIMEOUT_S,
+def _run_on_ranks(fn, *args, world_size: int, what: str):
+    """fn(*args) on `world_size` quiet gloo ranks; a crash, a hang or a stub is explained."""
+    return run_on_ranks(fn, *args, nprocs=world_size, what=what, timeout=LAUNCH_TIMEOUT_S,
                         hang_hint="the ranks waited for each other forever: one rank called a "
                                   "collective (all_gather_object, barrier) that another never "
                                   "reached, e.g. only inside `if rank == 0`",
@@ -153,41 +162,25 @@ def _crash_hint(cause) -> str:
 
 @grader("resume exactly")
 def check_resume(save_training_state, load_training_state):
-    what = "a run resumed with your functions on 2 ranks"
     with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "checkpoint.pt")
-        results = _run_on_ranks(resume_on_rank, save_training_state, load_training_state, path,
-                                what=what)
-        for rank, result in enumerate(results[1:], start=1):
-            expect(result["saves"] == 0, f"torch.save calls on rank {rank}", "0",
-                   str(result["saves"]), f"rank {rank} wrote a file too: the state is the same "
-                   f"on every rank, so one copy, rank 0's, is the checkpoint")
-        seconds = results[0]["save_seconds"]
-        expect(seconds >= SLOW_SAVE_S - 0.01, "how long rank 0's save took",
-               f"at least {SLOW_SAVE_S} s (the grader slows rank 0's torch.save, or its rename "
-               f"onto path, by {SLOW_SAVE_S} s)", f"{seconds:.3f} s",
-               "rank 0's checkpoint reached path through neither torch.save nor a rename, so the "
-               "grader could not watch it being written")
-        written_at = results[0]["written_at"]
-        for rank, result in enumerate(results):
-            early = (f"returned {written_at - result['returned_at']:.2f} s before rank 0's file "
-                     f"was on disk" if written_at and result["returned_at"] < written_at
-                     else "the file at path was not the new checkpoint yet")
-            expect(result["on_disk"] and written_at is not None
-                   and result["returned_at"] >= written_at,
-                   f"the checkpoint when save_training_state returned on rank {rank}",
-                   "the new checkpoint, on disk", early,
-                   f"rank {rank} went on while rank 0 was still writing: it could load, delete or "
-                   f"train past a checkpoint that is not there")
-            expect_equal(result["step"], STOP_AT, f"the step load_training_state returned on rank "
-                         f"{rank}", "the step saved with the checkpoint is the one to return")
-        _expect_previous_checkpoint_survives(results[0]["seen"])
-        for rank, result in enumerate(results):
-            expect_close(result["losses"], result["expected"],
-                         f"rank {rank}'s losses, {STOP_AT} steps + resume + {STEPS - STOP_AT} steps",
-                         diagnose(path), rtol=1e-6, atol=1e-7)
-            expect_close(result["weights"], result["expected_weights"],
-                         f"rank {rank}'s final weights", diagnose(path), rtol=1e-6, atol=1e-7)
+        for world_size in WORLD_SIZES:
+            path = Path(directory) / f"{world_size}_ranks" / "checkpoint.pt"  # a pathlib.Path
+            path.parent.mkdir()
+            what = f"a run resumed with your functions on {world_size} ranks"
+            results = _run_on_ranks(resume_on_rank, save_training_state, load_training_state,
+                                    path, world_size=world_size, what=what)
+            _judge_resume(results, path, f"on {world_size} ranks")
+        [gpu] = run_on_ranks(loads_a_gpu_checkpoint, load_training_state, path, nprocs=1,
+                             what="load_training_state on 1 rank", timeout=LAUNCH_TIMEOUT_S,
+                             hang_hint="on one rank alone, no collective can wait for another",
+                             crash_hint=_crash_hint)
+        expect(gpu["error"] is None,
+               f"load_training_state on the same checkpoint saved on GPUs (its tensors on "
+               f"{gpu['device']}, a device this machine does not have)",
+               "the state loaded onto the CPU", str(gpu["error"]),
+               "torch.load puts each tensor back on the device it was saved from unless "
+               "map_location says where: a checkpoint from rank 1 of an NCCL run asks for "
+               "cuda:1, which a machine with one GPU (or none) does not have")
         expect(not loads_hidden_code(load_training_state, path),
                "load_training_state on a checkpoint with an object hidden in it (like section "
                "4's Payload, harmless here)",
@@ -195,6 +188,42 @@ def check_resume(save_training_state, load_training_state):
                "the object was unpickled: the code it carries ran",
                "whoever writes a checkpoint your load accepts this way can run any code on your "
                "machine: the load must rebuild tensors and plain containers only")
+
+
+def _judge_resume(results, path, ranks):
+    """The run on `ranks` (e.g. "on 2 ranks"): one writer, slow and waited for, a whole previous
+    checkpoint wherever rank 0 could die, the step returned, the uninterrupted run's numbers."""
+    for rank, result in enumerate(results[1:], start=1):
+        expect(result["saves"] == 0, f"torch.save calls on rank {rank} ({ranks})", "0",
+               str(result["saves"]), f"rank {rank} wrote a file too: the state is the same "
+               f"on every rank, so one copy, rank 0's, is the checkpoint")
+    seconds = results[0]["save_seconds"]
+    expect(seconds >= SLOW_SAVE_S - 0.01, f"how long rank 0's save took ({ranks})",
+           f"at least {SLOW_SAVE_S} s (the grader slows rank 0's torch.save, or its rename "
+           f"onto path, by {SLOW_SAVE_S} s)", f"{seconds:.3f} s",
+           "rank 0's checkpoint reached path through neither torch.save nor a rename, so the "
+           "grader could not watch it being written")
+    written_at = results[0]["written_at"]
+    for rank, result in enumerate(results):
+        early = (f"returned {written_at - result['returned_at']:.2f} s before rank 0's file "
+                 f"was on disk" if written_at and result["returned_at"] < written_at
+                 else "the file at path was not the new checkpoint yet")
+        expect(result["on_disk"] and written_at is not None
+               and result["returned_at"] >= written_at,
+               f"the checkpoint when save_training_state returned on rank {rank} ({ranks})",
+               "the new checkpoint, on disk", early,
+               f"rank {rank} went on while rank 0 was still writing: it could load, delete or "
+               f"train past a checkpoint that is not there")
+        expect_equal(result["step"], STOP_AT, f"the step load_training_state returned on rank "
+                     f"{rank} ({ranks})", "the step saved with the checkpoint is the one to return")
+    _expect_previous_checkpoint_survives(results[0]["seen"])
+    for rank, result in enumerate(results):
+        expect_close(result["losses"], result["expected"],
+                     f"rank {rank}'s losses ({ranks}), {STOP_AT} steps + resume + "
+                     f"{STEPS - STOP_AT} steps", diagnose(path, len(results)), rtol=1e-6, atol=1e-7)
+        expect_close(result["weights"], result["expected_weights"],
+                     f"rank {rank}'s final weights ({ranks})", diagnose(path, len(results)),
+                     rtol=1e-6, atol=1e-7)
 
 
 def _expect_previous_checkpoint_survives(seen):
@@ -229,7 +258,12 @@ def check_prune_checkpoints(prune_checkpoints):
     for keep_last in (3, 1, 6, 10):
         with tempfile.TemporaryDirectory() as directory:
             _make_folder(directory)
-            prune_checkpoints(Path(directory), keep_last)
+            with calls_of(list_checkpoints) as library_calls:
+                prune_checkpoints(Path(directory), keep_last)
+            expect(not library_calls, f"prune_checkpoints(directory, keep_last={keep_last})",
+                   "your own choice of the files to delete",
+                   "a call of course_lib.training.checkpoint.list_checkpoints",
+                   library_call_hint("list_checkpoints", "exercise 3"))
             left = sorted(path.name for path in Path(directory).iterdir())
         kept_steps = SAVED_STEPS[-keep_last:]
         expected = sorted([f"step_{step}.pt" for step in kept_steps] + OTHER_FILES)

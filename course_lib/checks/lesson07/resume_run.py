@@ -1,8 +1,9 @@
 """A training run stopped and resumed with the learner's save and load functions, for lesson 07's
 resume grader: on each rank, the uninterrupted run to compare with, the watched save (rank 0's
-made slow) and the fresh start; then, in the grader's process, the learner's load given a
-checkpoint with code hidden in it (the safe load refuses it); and what a checkpoint lacks for an
-exact resume.
+made slow) and the fresh start; on a rank of its own, the load of the same checkpoint as a GPU
+run writes it (its tensors on a GPU this machine lacks: only a load that maps them to the CPU
+reads it); then, in the grader's process, the learner's load given a checkpoint with code hidden in it (the safe load
+refuses it); and what a checkpoint lacks for an exact resume.
 """
 import time
 import warnings
@@ -16,7 +17,7 @@ from ...training.data import make_dataset
 from ...training.models import make_model
 from .save_watch import digest, watched_save
 
-WORLD_SIZE = 2
+WORLD_SIZES = (2, 3)  # a save written for 2 ranks only fails on 3
 STEPS, FIRST_SAVE_AT, STOP_AT = 8, 2, 3
 BATCH_SIZE, LR, DROPOUT, SEED = 16, 0.01, 0.3, 100
 SLOW_SAVE_S = 0.5  # rank 0's save takes this much longer: a rank that does not wait will notice
@@ -85,6 +86,43 @@ def loads_hidden_code(load_training_state, path) -> bool:
     return bool(_CODE_RAN)
 
 
+def gpu_saved_copy(path):
+    """A copy of the checkpoint at `path` as a run on GPUs writes it: every tensor recorded on
+    cuda:N, N this machine's GPU count, so a GPU it does not have. (copy's path, that device), or
+    None when the checkpoint does not load weights only (the other checks say why)."""
+    from unittest import mock
+
+    from ...runtime.shared.env import gpu_count
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    device, copy = f"cuda:{gpu_count()}", f"{path}.gpu"
+    with mock.patch.object(torch.serialization, "location_tag", lambda storage: device):
+        torch.save(state, copy)  # torch.save records location_tag(storage) for each tensor
+    return copy, device
+
+
+def loads_a_gpu_checkpoint(load_training_state, path) -> dict:
+    """load_training_state, on a rank of its own (world size 1: no collective can wait for a rank
+    that failed; CUDA, if a load touches it, only ever in that process), given a copy of the
+    checkpoint saved on a GPU this machine lacks: {"device": where its tensors say they live,
+    "error": what the load raised, or None}."""
+    made = gpu_saved_copy(path)
+    if made is None:
+        return {"device": None, "error": None}
+    copy, device = made
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer = build_training()
+        try:
+            load_training_state(copy, model, optimizer)
+        except Exception as crash:
+            return {"device": device, "error": f"{type(crash).__name__}: {str(crash).splitlines()[0][:160]}"}
+    return {"device": device, "error": None}
+
+
 def resume_on_rank(save_training_state, load_training_state, path):
     """An uninterrupted run, then the same run saved after FIRST_SAVE_AT and STOP_AT steps, rebuilt
     from scratch (reseeded as a new process would be), loaded and trained to the end."""
@@ -142,8 +180,9 @@ def _tensors_and_dicts(value):
             yield from _tensors_and_dicts(item)
 
 
-def diagnose(path) -> str:
-    """What a checkpoint lacks for an exact resume, judged from its contents."""
+def diagnose(path, world_size: int) -> str:
+    """What a checkpoint written by `world_size` ranks lacks for an exact resume, judged from its
+    contents."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:
@@ -164,7 +203,7 @@ def diagnose(path) -> str:
     if not rng_states:
         return ("the checkpoint has no RNG state, so the resumed run draws other batches and "
                 "dropout masks")
-    if len(rng_states) < WORLD_SIZE or all(torch.equal(s, rng_states[0]) for s in rng_states):
+    if len(rng_states) < world_size or all(torch.equal(s, rng_states[0]) for s in rng_states):
         return ("the checkpoint holds one rank's RNG state, but each rank has its own, and each "
                 "draws its own batches and dropout masks")
     return ("the checkpoint holds every piece; after loading, some rank did not get back its own "

@@ -1,8 +1,9 @@
 """Graders for lesson 16, ZeRO-1 and FSDP from collectives. Both run your code on 2 and on 3 gloo
 ranks (sharding.py) with models that have a tied weight, a frozen layer and a buffer.
 
-- ZeRO-1: trained under torch's DDP with your ShardedOptimizer(params, torch.optim.AdamW, ...),
-  every parameter that needs a gradient has optimizer state on exactly one rank (its
+- ZeRO-1: trained under torch's DDP with your ShardedOptimizer(params, torch.optim.AdamW, ...)
+  (your own: one built on the course's ShardedOptimizer or torch's ZeroRedundancyOptimizer does
+  not count), every parameter that needs a gradient has optimizer state on exactly one rank (its
   `local_optimizer`'s state), each rank on some; after every step all ranks hold the same
   weights, equal to one process's AdamW on the global batch (and to torch's
   ZeroRedundancyOptimizer on the same shards).
@@ -25,6 +26,8 @@ from .sharding import (GATHER_CASES, PLAN, fsdp_on_rank, gather_on_rank, one_pro
 
 LAUNCH_TIMEOUT_S = 90
 WORLD_SIZES = (2, 3)
+LIBRARY_OPTIMIZERS = {"ShardedOptimizer": "the course's ShardedOptimizer",
+                      "ZeroRedundancyOptimizer": "torch's ZeroRedundancyOptimizer"}
 SAME_COLLECTIVES = ("every rank must call the same collectives, in the same order, with tensors "
                     "of the same size")
 
@@ -42,6 +45,13 @@ def check_sharded_optimizer(ShardedOptimizer):
     for world_size in WORLD_SIZES:
         what = f"ShardedOptimizer on {world_size} ranks"
         results = _run(zero_on_rank, ShardedOptimizer, world_size, what)
+        called = results[0].get("library_calls")
+        if called:
+            library = LIBRARY_OPTIMIZERS[called[0].split(".")[0]]
+            raise GradingError(what, "your own optimizer", f"one built on {library}",
+                               f"your class handed the work to {library}: this exercise asks you "
+                               f"to shard the optimizer yourself (the check sees which classes "
+                               f"are built, whatever name they go by)")
         _judge_shares(results, trainable, what)
         _judge_zero_weights(results, oracle, what)
 

@@ -34,10 +34,19 @@ def one_process_adamw(steps: int = STEPS) -> list:
 
 
 def zero_on_rank(optimizer_class, steps: int = STEPS) -> dict:
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    weights, owned = _train_zero(lambda params: optimizer_class(params, torch.optim.AdamW, **ADAMW),
-                                 rank, world_size, steps)
+    """The learner's optimizer trained, then torch's; a call of the course's ShardedOptimizer or
+    torch's ZeroRedundancyOptimizer by the learner's comes back as {"library_calls": [names]}."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from ...topics.from_scratch.zero import ShardedOptimizer
+    from ..engine.call_watch import calls_of
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    with calls_of(ShardedOptimizer.__init__, ZeroRedundancyOptimizer.__init__) as library_calls:
+        weights, owned = _train_zero(lambda params: optimizer_class(params, torch.optim.AdamW, **ADAMW),
+                                     rank, world_size, steps)
+    if library_calls:
+        return {"library_calls": library_calls}
     torch_weights, _ = _train_zero(lambda params: ZeroRedundancyOptimizer(
         params, optimizer_class=torch.optim.AdamW, **ADAMW), rank, world_size, steps)
     return dict(weights=weights, owned=owned, torch_zero=torch_weights)

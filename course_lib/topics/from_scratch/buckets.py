@@ -2,8 +2,11 @@
 
 Backward computes the last layer's gradients first, so walking the parameters backwards puts
 the gradients that are ready together into the same bucket, and the first bucket can be
-all-reduced while earlier layers are still computing (torch's DDP does the same, see
-`DistributedDataParallel(bucket_cap_mb=...)`; its first bucket is smaller, ours are all equal).
+all-reduced while earlier layers are still computing. Torch's DDP learns that order instead: by
+default its first step all-reduces one bucket of every gradient, and from the second it buckets
+them in the order they became ready (Reducer::rebuild_buckets), its first bucket capped at 1 MiB
+unless `bucket_cap_mb` is given; ours are all equal, and closed before they pass the cap where
+torch's close once they reach it (lesson 15).
 """
 from __future__ import annotations
 

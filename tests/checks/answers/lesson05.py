@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.checks import lesson05
-from course_lib.topics.accumulation import accumulate_with_no_sync
+from course_lib.topics.accumulation import accumulate_off_by_one, accumulate_with_no_sync
 
 from . import answer, wrong_answer
 
@@ -28,7 +28,7 @@ def accumulation_grouped_with_exit_stack(ddp_model, optimizer, micro_batches, gr
                 loss.backward()
             total += loss.detach()
         optimizer.step()
-        losses.append(total)  # 0-dim tensors: float() of each gives the number
+        losses.append(total.item())
     return losses
 
 
@@ -75,7 +75,7 @@ def accumulation_around_ddp(ddp_model, optimizer, micro_batches, grad_accum_step
 
 ALTERNATIVES = {
     lesson05.check_train_with_accumulation: [
-        answer("groups with an ExitStack, tensor losses", accumulation_grouped_with_exit_stack),
+        answer("groups with an ExitStack, losses summed detached", accumulation_grouped_with_exit_stack),
         answer("buffers a group, mean of undivided losses", accumulation_by_mean_of_losses),
         answer("the first micro-batches around DDP, through its module, numpy losses",
                accumulation_around_ddp),
@@ -85,8 +85,9 @@ ALTERNATIVES = {
 
 # Wrong answers
 
-def flawed(divide=True, sync_on="last", forward_outside_no_sync=False):
-    """The reference loop with one mistake."""
+def flawed(divide=True, sync_on="last", forward_outside_no_sync=False, losses_as="floats"):
+    """The reference loop with one mistake. losses_as: "floats", or each step's loss a 0-dim
+    "detached tensor", or a "tensor with its graph" (every micro-batch's graph kept alive)."""
 
     def loop(ddp_model, optimizer, micro_batches, grad_accum_steps):
         losses, step_loss = [], 0.0
@@ -104,7 +105,9 @@ def flawed(divide=True, sync_on="last", forward_outside_no_sync=False):
                 with context:
                     loss = F.cross_entropy(ddp_model(X), y)
                     (loss / grad_accum_steps if divide else loss).backward()
-            step_loss += loss.item() / grad_accum_steps
+            share = loss / grad_accum_steps
+            step_loss += {"floats": share.item(), "detached tensor": share.detach(),
+                          "tensor with its graph": share}[losses_as]
             if steps_now:
                 optimizer.step()
                 optimizer.zero_grad()
@@ -157,6 +160,13 @@ def syncs_the_first_micro_batch_too(ddp_model, optimizer, micro_batches, grad_ac
     return losses
 
 
+def through_the_course_helper(ddp_model, optimizer, micro_batches, grad_accum_steps):
+    """The course's loop, through the private helper its two public loops share."""
+    from course_lib.topics.accumulation import _accumulate
+    return _accumulate(ddp_model, optimizer, micro_batches, grad_accum_steps,
+                       is_last=lambda micro_step: (micro_step + 1) % grad_accum_steps == 0)
+
+
 def loop_stub(ddp_model, optimizer, micro_batches, grad_accum_steps):
     raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
@@ -174,9 +184,14 @@ WRONG_ANSWERS = {
         wrong_answer("returns the loss all-reduced over the ranks, not this rank's",
                      returns_the_global_loss),
         wrong_answer("calls the course's accumulate_with_no_sync", accumulate_with_no_sync),
+        wrong_answer("calls the course's loop through its private helper", through_the_course_helper),
+        wrong_answer("the course's off-by-one demo (section 5)", accumulate_off_by_one),
         wrong_answer("one forward of the whole group per step", one_forward_per_step),
         wrong_answer("syncs on the first micro-batch of each step too",
                      syncs_the_first_micro_batch_too),
         wrong_answer("the stub", loop_stub),
+        wrong_answer("returns 0-dim tensors, detached", flawed(losses_as="detached tensor")),
+        wrong_answer("returns the summed loss tensors, their graphs kept",
+                     flawed(losses_as="tensor with its graph")),
     ],
 }

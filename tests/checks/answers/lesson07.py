@@ -381,6 +381,20 @@ def load_not_weights_only(path, model, optimizer):
     return state["step"]
 
 
+def save_for_two_ranks(path, ddp_model, optimizer, step):
+    states = [None, None]  # the world size of the run it was written on, hard-coded
+    dist.all_gather_object(states, torch.get_rng_state())
+    save_on_rank0(path, full_state(ddp_model, optimizer, step, states))
+
+
+def load_without_map_location(path, model, optimizer):
+    state = torch.load(path, weights_only=True)  # each tensor back on the device it was saved from
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"][dist.get_rank()])
+    return state["step"]
+
+
 def load_falling_back_to_unsafe(path, model, optimizer):
     try:
         return reference_load_training_state(path, model, optimizer)
@@ -419,6 +433,17 @@ def prune_off_by_one(directory, keep_last):
         path.unlink()
 
 
+def saves_with_the_course_function(state, path):
+    from course_lib.training import checkpoint
+    checkpoint.write_atomically(state, path)
+
+
+def prune_with_the_course_list(directory, keep_last):
+    from course_lib.training.checkpoint import list_checkpoints
+    for path in list_checkpoints(directory)[:-keep_last]:
+        path.unlink()
+
+
 def stub(*args):
     """The lesson's stub of each exercise."""
     raise NotImplementedError("Exercise: write this part, then run the check cell below")
@@ -437,6 +462,7 @@ WRONG_ANSWERS = {
         wrong_answer("fsyncs the empty file before torch.save writes it", fsyncs_before_writing),
         wrong_answer("fsyncs after the rename", fsyncs_after_the_rename),
         wrong_answer("the lesson's stub", stub),
+        wrong_answer("the course's write_atomically", saves_with_the_course_function),
     ],
     lesson07.check_resume: [
         wrong_answer("does not save the optimizer state", save_without_optimizer,
@@ -459,6 +485,10 @@ WRONG_ANSWERS = {
                      load_not_weights_only),
         wrong_answer("falls back to weights_only=False when the safe load refuses",
                      reference_save_training_state, load_falling_back_to_unsafe),
+        wrong_answer("loads without map_location: a GPU run's checkpoint asks for its GPUs",
+                     reference_save_training_state, load_without_map_location),
+        wrong_answer("gathers the RNG states into a list for two ranks, hard-coded",
+                     save_for_two_ranks, reference_load_training_state),
         wrong_answer("rank 0 pickles straight to the path, loads with pickle",
                      pickle_straight_to_path, load_with_pickle),
         wrong_answer("the lesson's stubs", stub, stub),
@@ -468,6 +498,7 @@ WRONG_ANSWERS = {
         wrong_answer("sorts by modification time", prune_by_mtime),
         wrong_answer("also deletes temporary and other files", prune_every_pt_file),
         wrong_answer("keeps one checkpoint too many", prune_off_by_one),
+        wrong_answer("the course's list_checkpoints picks the files", prune_with_the_course_list),
         wrong_answer("the lesson's stub", stub),
     ],
 }

@@ -44,9 +44,31 @@ class OverlapWithAHandlePerParameter(nn.Module):
         self.pending = {}
 
 
-def course_ddp_per_parameter(module):
-    from course_lib.topics.from_scratch import DDPFromScratch
-    return DDPFromScratch(module, bucket_cap_mb=None)
+class OverlapWaitingOnFutures(nn.Module):
+    """Keeps each all-reduce's Future, not its Work, and waits on them all with wait_all."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module, self.futures = module, []
+        with torch.no_grad():
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                dist.broadcast(tensor, src=0)
+        for param in module.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._ready)
+
+    def _ready(self, param):
+        param.grad.div_(dist.get_world_size())
+        self.futures.append(dist.all_reduce(param.grad, async_op=True).get_future())
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_sync(self):
+        torch.futures.wait_all(self.futures)
+        self.futures = []
+
+
 
 
 # -- the bucket plan, two other ways -----------------------------------------------------------
@@ -64,10 +86,18 @@ def plan_with_running_totals(parameters, bucket_cap_mb):
     return plan
 
 
-def plan_as_tuples(parameters, bucket_cap_mb):
-    from course_lib.topics.from_scratch.buckets import assign_buckets
-    return tuple(tuple(bucket) for bucket in
-                 assign_buckets([p for p in parameters if p.requires_grad], bucket_cap_mb))
+def plan_in_mib_as_tuples(parameters, bucket_cap_mb):
+    """Sizes summed in MiB (exact: every size is a multiple of 2**-20 MiB), tuples out."""
+    plan, current, mib = [], (), 0.0
+    for param in reversed(list(parameters)):
+        if not param.requires_grad:
+            continue
+        size_mib = param.nbytes / 2**20
+        if current and mib + size_mib > bucket_cap_mb:
+            plan.append(current)
+            current, mib = (), 0.0
+        current, mib = current + (param,), mib + size_mib
+    return tuple(plan + [current])
 
 
 # -- DDP with buckets, two other ways -------------------------------------------------------------
@@ -110,24 +140,56 @@ class BucketsWithViews(nn.Module):
         self.left = {b: len(bucket) for b, bucket in enumerate(self.plan)}
 
 
-def course_ddp_with_buckets(module, bucket_cap_mb):
-    from course_lib.topics.from_scratch import DDPFromScratch
-    return DDPFromScratch(module, bucket_cap_mb=bucket_cap_mb)
+class BucketsWaitingOnFutures(nn.Module):
+    """Each bucket's Future kept; fut.wait() gives the reduced flat tensor, copied back with split."""
+
+    def __init__(self, module, bucket_cap_mb=25):
+        super().__init__()
+        self.module = module
+        with torch.no_grad():
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                dist.broadcast(tensor, src=0)
+        self.plan = plan_with_running_totals(module.parameters(), bucket_cap_mb)
+        self.index = {param: b for b, bucket in enumerate(self.plan) for param in bucket}
+        self.ready, self.futures = [set() for _ in self.plan], []
+        for bucket in self.plan:
+            for param in bucket:
+                param.register_post_accumulate_grad_hook(self._ready)
+
+    def _ready(self, param):
+        b = self.index[param]
+        self.ready[b].add(param)
+        if len(self.ready[b]) == len(self.plan[b]):
+            flat = torch.cat([p.grad.reshape(-1) for p in self.plan[b]]) / dist.get_world_size()
+            self.futures.append((b, dist.all_reduce(flat, async_op=True).get_future()))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_sync(self):
+        for b, future in self.futures:
+            flat = future.wait()[0]
+            for param, piece in zip(self.plan[b], flat.split([p.numel() for p in self.plan[b]])):
+                param.grad.copy_(piece.view_as(param.grad))
+            self.ready[b].clear()
+        self.futures = []
+
+
 
 
 ALTERNATIVES = {
     lesson15.check_overlapping_ddp: [
         answer("flat broadcast, a handle per name, foreach mean after the wait",
                OverlapWithAHandlePerParameter),
-        answer("the course's DDPFromScratch (buffers broadcast every forward)", course_ddp_per_parameter),
+        answer("Futures kept, torch.futures.wait_all", OverlapWaitingOnFutures),
     ],
     lesson15.check_plan_buckets: [
         answer("running totals, nelement", plan_with_running_totals),
-        answer("tuples, from the course's assign_buckets", plan_as_tuples),
+        answer("sizes in MiB, tuples", plan_in_mib_as_tuples),
     ],
     lesson15.check_bucketed_ddp: [
         answer("preallocated buffers, gradients copied in as they come", BucketsWithViews),
-        answer("the course's DDPFromScratch with buckets", course_ddp_with_buckets),
+        answer("Futures kept, fut.wait() per bucket", BucketsWaitingOnFutures),
     ],
 }
 
@@ -135,11 +197,13 @@ ALTERNATIVES = {
 # Wrong answers, each one mistake away from right
 
 # -- the bucket plan ---------------------------------------------------------------------------
-def _plan(parameters, bucket_cap_mb, order=reversed, cap_bytes=2**20, close_after=False):
+def _plan(parameters, bucket_cap_mb, order=reversed, cap_bytes=2**20, close_after=False,
+          cut_at_the_cap=False):
     cap, buckets, size = bucket_cap_mb * cap_bytes, [], 0
     for param in order([p for p in parameters if p.requires_grad]):
         nbytes = param.numel() * param.element_size()
-        if not buckets or (not close_after and size + nbytes > cap) or (close_after and size >= cap):
+        past = size + nbytes >= cap if cut_at_the_cap else size + nbytes > cap
+        if not buckets or (not close_after and past) or (close_after and size >= cap):
             buckets.append([])
             size = 0
         buckets[-1].append(param)
@@ -169,6 +233,16 @@ def plan_with_frozen(parameters, bucket_cap_mb):
 
 def plan_in_megabytes(parameters, bucket_cap_mb):
     return _plan(parameters, bucket_cap_mb, cap_bytes=10**6)
+
+
+def plan_cut_at_the_cap(parameters, bucket_cap_mb):
+    """A new bucket when the next gradient would fill the current one exactly: `>=`, not `>`."""
+    return _plan(parameters, bucket_cap_mb, cut_at_the_cap=True)
+
+
+def plan_by_the_course(parameters, bucket_cap_mb):
+    from course_lib.topics.from_scratch.buckets import assign_buckets
+    return assign_buckets([p for p in parameters if p.requires_grad], bucket_cap_mb)
 
 
 # -- one all-reduce per gradient -----------------------------------------------------------------
@@ -239,6 +313,52 @@ class SumsGradients(_Overlapping):
         self.handles.append(dist.all_reduce(param.grad, async_op=True))
 
 
+class KeepsItsHandles(_Overlapping):
+    """Waits for every handle, but never forgets one: they pile up, step after step."""
+
+    def finish_gradient_sync(self):
+        for handle in self.handles:
+            handle.wait()
+
+
+class KeepsItsFutures(_Overlapping):
+    """Waits on the Futures, and keeps every one (each holds the gradient it reduced)."""
+
+    def _ready(self, param):
+        param.grad.div_(dist.get_world_size())
+        self.handles.append(dist.all_reduce(param.grad, async_op=True).get_future())
+
+    def finish_gradient_sync(self):
+        torch.futures.wait_all(self.handles)
+
+
+def course_ddp_per_parameter(module):
+    from course_lib.topics.from_scratch import DDPFromScratch
+    return DDPFromScratch(module, bucket_cap_mb=None)
+
+
+class SubclassesTheCourseDDP:
+    """The course's DDPFromScratch under another name."""
+
+    def __new__(cls, module, bucket_cap_mb=None):
+        from course_lib.topics.from_scratch.ddp import DDPFromScratch
+
+        class MyDDP(DDPFromScratch):
+            pass
+
+        return MyDDP(module, bucket_cap_mb=bucket_cap_mb)
+
+
+class TorchDDPWithANoOpFinish(nn.parallel.DistributedDataParallel):
+    """torch's own DDP, its wait already inside backward()."""
+
+    def __init__(self, module, bucket_cap_mb=25):
+        super().__init__(module, bucket_cap_mb=bucket_cap_mb)
+
+    def finish_gradient_sync(self):
+        pass
+
+
 # -- buckets -------------------------------------------------------------------------------------
 class _Bucketed(_Overlapping):
     plan = staticmethod(_plan)
@@ -297,6 +417,32 @@ class OnePerGradient(_Overlapping):
         super().__init__(module)
 
 
+class NeverResetsTheCounts(_Bucketed):
+    """Step 0 right; then every bucket's count is past zero, and no bucket is ever launched again."""
+
+    def finish_gradient_sync(self):
+        for b, flat, handle in self.handles:
+            handle.wait()
+            self._copy_back(b, flat)
+        self.handles.clear()
+
+
+class KeepsItsBuckets(_Bucketed):
+    """Right gradients (the old buckets are copied back first, the new ones over them), but every
+    step's handles and flat tensors are kept."""
+
+    def finish_gradient_sync(self):
+        for b, flat, handle in self.handles:
+            handle.wait()
+            self._copy_back(b, flat)
+        self.waiting = [len(bucket) for bucket in self.buckets]
+
+
+def course_ddp_with_buckets(module, bucket_cap_mb):
+    from course_lib.topics.from_scratch import DDPFromScratch
+    return DDPFromScratch(module, bucket_cap_mb=bucket_cap_mb)
+
+
 WRONG_ANSWERS = {
     lesson15.check_overlapping_ddp: [
         wrong_answer("all-reduces every gradient after backward: right numbers, no overlap",
@@ -306,17 +452,31 @@ WRONG_ANSWERS = {
         wrong_answer("waits for each all-reduce inside its hook", WaitsInTheHook),
         wrong_answer("broadcasts the parameters but not the buffers", ForgetsBuffers),
         wrong_answer("sums the gradients instead of averaging", SumsGradients),
+        wrong_answer("waits for its handles, never forgets them", KeepsItsHandles),
+        wrong_answer("waits on the Futures, never forgets them", KeepsItsFutures),
+        wrong_answer("the course's DDPFromScratch", course_ddp_per_parameter),
+        wrong_answer("a subclass of the course's DDPFromScratch", SubclassesTheCourseDDP),
+        wrong_answer("torch's DDP with a finish_gradient_sync that does nothing",
+                     TorchDDPWithANoOpFinish),
     ],
     lesson15.check_plan_buckets: [
         wrong_answer("buckets in forward order", plan_forward_order),
         wrong_answer("closes a bucket once it reaches the cap: past it", plan_past_the_cap),
         wrong_answer("puts the frozen layer in a bucket", plan_with_frozen),
         wrong_answer("reads the cap in megabytes (10**6 bytes)", plan_in_megabytes),
+        wrong_answer("a new bucket when the next gradient would fill the cap exactly",
+                     plan_cut_at_the_cap),
+        wrong_answer("the course's assign_buckets", plan_by_the_course),
     ],
     lesson15.check_bucketed_ddp: [
         wrong_answer("all-reduces every bucket after backward", BucketsAfterBackward),
         wrong_answer("buckets in forward order", ForwardOrderBuckets),
         wrong_answer("never copies the reduced bucket back", NeverCopiesBack),
         wrong_answer("one all-reduce per gradient, not per bucket", OnePerGradient),
+        wrong_answer("never resets each bucket's count for the next step", NeverResetsTheCounts),
+        wrong_answer("keeps every step's handles and flat tensors", KeepsItsBuckets),
+        wrong_answer("the course's DDPFromScratch with buckets", course_ddp_with_buckets),
+        wrong_answer("torch's DDP with a finish_gradient_sync that does nothing",
+                     TorchDDPWithANoOpFinish),
     ],
 }

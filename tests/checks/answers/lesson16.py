@@ -39,9 +39,28 @@ class ShardedBySizeWithAsyncBroadcasts:
             param.grad = None
 
 
-def course_sharded_optimizer(params, optimizer_class, **defaults):
-    from course_lib.topics.from_scratch import ShardedOptimizer
-    return ShardedOptimizer(params, optimizer_class, **defaults)
+class ShardedByRoundRobinOverSortedSizes:
+    """Parameters sorted by size, largest first, dealt round-robin (every rank owns some); the
+    local optimizer's step, then one broadcast per parameter from its owner, over a flat view."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        self.params = [p for p in params if p.requires_grad]
+        world_size = dist.get_world_size()
+        order = sorted(range(len(self.params)), key=lambda i: (-self.params[i].numel(), i))
+        self.owner = {self.params[i]: turn % world_size for turn, i in enumerate(order)}
+        self.local_optimizer = optimizer_class(
+            [p for p in self.params if self.owner[p] == dist.get_rank()], **defaults)
+
+    @torch.no_grad()
+    def step(self):
+        self.local_optimizer.step()
+        for param in self.params:
+            flat = param.view(-1)
+            dist.broadcast(flat, src=self.owner[param])
+
+    def zero_grad(self):
+        for param in self.params:
+            param.grad = None
 
 
 # -- gather, two other ways ------------------------------------------------------------------------
@@ -128,7 +147,8 @@ class LinearWithEinsumAndAGradientForEveryInput(torch.autograd.Function):
 ALTERNATIVES = {
     lesson16.check_sharded_optimizer: [
         answer("by size, async broadcasts", ShardedBySizeWithAsyncBroadcasts),
-        answer("the course's ShardedOptimizer (a torch.optim.Optimizer)", course_sharded_optimizer),
+        answer("sorted by size, dealt round-robin, broadcasts of flat views",
+               ShardedByRoundRobinOverSortedSizes),
     ],
     lesson16.check_gather_full: [
         answer("dist.all_gather into a list, torch.cat", gather_as_a_list),
@@ -193,6 +213,26 @@ class MissesTheLastParameter(_Sharded):
 class NeverSendsTheUpdate(_Sharded):
     def _send(self):
         pass
+
+
+def course_sharded_optimizer(params, optimizer_class, **defaults):
+    from course_lib.topics.from_scratch import ShardedOptimizer
+    return ShardedOptimizer(params, optimizer_class, **defaults)
+
+
+class TorchsZeroUnderAnotherName:
+    """torch's ZeroRedundancyOptimizer, its local optimizer renamed to what the exercise asks."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        self.zero = ZeroRedundancyOptimizer(params, optimizer_class=optimizer_class, **defaults)
+        self.local_optimizer = self.zero.optim
+
+    def step(self):
+        self.zero.step()
+
+    def zero_grad(self):
+        self.zero.zero_grad()
 
 
 # -- gathering a layer's parameters ----------------------------------------------------------------
@@ -330,6 +370,8 @@ WRONG_ANSWERS = {
         wrong_answer("shares overlap in one parameter", SharesOverlap),
         wrong_answer("no rank owns the last parameter", MissesTheLastParameter),
         wrong_answer("never sends the updated share to the others", NeverSendsTheUpdate),
+        wrong_answer("the course's ShardedOptimizer", course_sharded_optimizer),
+        wrong_answer("torch's ZeroRedundancyOptimizer under another name", TorchsZeroUnderAnotherName),
     ],
     lesson16.check_gather_full: [
         wrong_answer("its own shard, repeated: no communication", repeat_own_shard),
