@@ -6,9 +6,10 @@ seconds (alpha: latency, beta: seconds per byte); measuring, fitting, and bus ba
     tree all-reduce:   2 ceil(log2 N) (alpha + n * beta)   (reduce up a binary tree, broadcast down)
 
 Bytes, per step, for the parameters P of a data-parallel model: DDP's ring all-reduce makes every
-rank send (and receive) 2 (N - 1) / N * P; DataParallel broadcasts P from device 0 and reduces
-P back onto it, which with NCCL is P each way through device 0, and without NCCL a star of
-copies, (N - 1) * P each way.
+rank send (and receive) 2 (N - 1) / N * P; torch's ZeRO-1 (ZeroRedundancyOptimizer under DDP)
+adds a broadcast of every parameter, (N - 1) / N * P more on a ring: 1.5 times DDP's bytes.
+DataParallel broadcasts P from device 0 and reduces P back onto it, which with NCCL is P each
+way through device 0, and without NCCL a star of copies, (N - 1) * P each way.
 
 Bus bandwidth follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md): the
 algorithm bandwidth n / t times 2 (N - 1) / N, the fraction of the data each rank must move in
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from .timing import clock_now, seal, sealed_here, synchronize
 
 __all__ = ["AllReduceSweep", "ring_all_reduce_time", "naive_all_reduce_time", "tree_all_reduce_time",
-           "ring_all_reduce_bytes", "data_parallel_device0_bytes",
+           "ring_all_reduce_bytes", "ring_broadcast_bytes", "data_parallel_device0_bytes",
            "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth", "measure_all_reduce"]
 
 
@@ -47,6 +48,15 @@ def tree_all_reduce_time(nbytes, world_size, alpha, beta):
 def ring_all_reduce_bytes(nbytes, world_size):
     """Bytes each rank sends, and receives, in a ring all-reduce of `nbytes`: 2 (N - 1) / N."""
     return _ring_fraction(world_size) * nbytes
+
+
+def ring_broadcast_bytes(nbytes, world_size):
+    """Bytes each rank sends on average in a pipelined ring broadcast of `nbytes`: (N - 1) / N.
+
+    The root sends the tensor once and every rank but the last forwards it: N - 1 copies among N
+    ranks (nccl-tests' doc/PERFORMANCE.md: a broadcast's bus bandwidth is its algorithm bandwidth).
+    """
+    return (world_size - 1) / world_size * nbytes
 
 
 def data_parallel_device0_bytes(parameter_bytes, devices, nccl=True):

@@ -1,5 +1,5 @@
 """Counting what a rank sends: `with count_traffic() as traffic:` records the bytes this rank
-sends and receives point-to-point, and the collectives it runs.
+sends and receives point-to-point, and the collectives it runs with the bytes it hands each.
 
 It grades the ring all-reduce exercise: a ring sends about 2 (N - 1) / N times the tensor's
 bytes per rank, the naive all-reduce makes rank 0 send (N - 1) times as much, and a solution
@@ -7,7 +7,7 @@ that just calls dist.all_reduce shows up in traffic.collectives.
 
     with count_traffic() as traffic:
         ring_all_reduce(tensor)
-    traffic.bytes_sent, traffic.bytes_received, traffic.collectives
+    traffic.bytes_sent, traffic.bytes_received, traffic.collectives, traffic.collective_bytes
 
 How it works: it counts below the Python API, where the process group runs each operation.
 Every torch.distributed call (dist.send, an `isend` imported by name, batch_isend_irecv,
@@ -17,9 +17,12 @@ passes through the dispatcher. While the block runs, a dispatch mode (PyTorch's 
 each operator call) records those, and lets every call through unchanged.
 
 Limits, so that you read the numbers right:
-- Bytes are counted for point-to-point operations only: tensor.numel() * tensor.element_size()
-  as requested (a recv counts its buffer's size), without any protocol overhead. For collectives
-  only the name is recorded: the bytes on the wire depend on the algorithm the backend picks.
+- Point-to-point bytes are tensor.numel() * tensor.element_size() as requested (a recv counts
+  its buffer's size), without any protocol overhead. For a collective, `collective_bytes` adds up
+  per name the bytes of the tensors this rank hands in: the tensor itself for all_reduce,
+  broadcast and reduce (which work in place), the input for the others, nothing for a barrier.
+  That is the payload, not the bytes on the wire, which depend on the algorithm the backend picks
+  (course_lib.topics.cost_model turns a payload into a ring's bytes per rank).
   Names are the collective's, whichever form was called: all_gather_into_tensor and the
   all_gather inside all_gather_object count as "all_gather".
 - It counts this thread's calls (and the backward passes it runs), in this process: each rank
@@ -67,6 +70,10 @@ _COLLECTIVE_OF_OPERATOR = {
     "alltoall_": "all_to_all", "alltoall_base_": "all_to_all",
     "barrier": "barrier", "monitored_barrier_": "barrier",
 }
+# Where each operator takes the tensors a rank hands in: the in-place ones their first argument,
+# the others (output first, then input) their second; a barrier's tensor is a placeholder.
+_IN_PLACE_OPERATORS = ("allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_")
+_NO_PAYLOAD_OPERATORS = ("barrier", "monitored_barrier_")
 
 
 @dataclass
@@ -77,6 +84,7 @@ class Traffic:
     bytes_sent_to: Counter = field(default_factory=Counter)        # peer rank -> bytes
     bytes_received_from: Counter = field(default_factory=Counter)  # peer rank -> bytes
     collectives: list = field(default_factory=list)                # names, in call order
+    collective_bytes: Counter = field(default_factory=Counter)     # name -> bytes handed in
 
     @property
     def bytes_sent(self):
@@ -127,7 +135,11 @@ def _record(operator, args, traffic):
     elif operator == "recv_any_source_":
         traffic.bytes_received_from["any"] += _nbytes(args[0])
     elif operator in _COLLECTIVE_OF_OPERATOR:
-        traffic.collectives.append(_COLLECTIVE_OF_OPERATOR[operator])
+        name = _COLLECTIVE_OF_OPERATOR[operator]
+        traffic.collectives.append(name)
+        if operator not in _NO_PAYLOAD_OPERATORS:
+            handed_in = args[0] if operator in _IN_PLACE_OPERATORS else args[1]
+            traffic.collective_bytes[name] += _nbytes(handed_in)
 
 
 def _global_rank(process_group, group_rank):
@@ -139,7 +151,10 @@ def _global_rank(process_group, group_rank):
 
 
 def _nbytes(tensors):
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    """Bytes of a tensor, or of a list of tensors or of lists of them (Tensor[][])."""
+    if isinstance(tensors, (list, tuple)):
+        return sum(_nbytes(item) for item in tensors)
+    return tensors.numel() * tensors.element_size()
 
 
 @dataclass

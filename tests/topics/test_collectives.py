@@ -14,7 +14,8 @@ from course_lib.topics.collectives import (algorithm_bandwidth, bus_bandwidth, c
                                     fit_alpha_beta, measure_all_reduce, naive_all_reduce,
                                     naive_all_reduce_time, ring_all_reduce, ring_all_reduce_time,
                                     ring_chunks, tree_all_reduce_time)
-from course_lib.topics.cost_model import data_parallel_device0_bytes, ring_all_reduce_bytes
+from course_lib.topics.cost_model import (data_parallel_device0_bytes, ring_all_reduce_bytes,
+                                          ring_broadcast_bytes)
 from course_lib.topics.traffic import CommCall, watch_data_parallel_comm
 
 # More ranks than this machine's cores is fine for correctness; the launcher's warning says so.
@@ -147,6 +148,55 @@ def test_counter_sees_the_all_reduces_ddp_starts_from_cpp():
     assert set(traffic.collectives) <= {"all_reduce", "broadcast"}
 
 
+def collectives_of_known_sizes():
+    """Each kind of collective once, with tensors whose bytes the test knows."""
+    rank = dist.get_rank()
+    with count_traffic() as traffic:
+        dist.all_reduce(torch.ones(10))                                # 40 bytes, in place
+        dist.broadcast(torch.ones(3, dtype=torch.float64), src=0)      # 24 bytes, on every rank
+        dist.all_gather_into_tensor(torch.empty(20), torch.ones(10))   # hands in its 40 bytes
+        dist.all_gather([torch.empty(5), torch.empty(5)], torch.ones(5))  # 20 bytes
+        dist.reduce_scatter(torch.empty(4), [torch.ones(4), torch.ones(4)])  # 32 bytes in
+        dist.barrier()                                                 # no payload
+        dist.scatter(torch.empty(2), [torch.ones(2), torch.ones(2)] if rank == 0 else None, src=0)
+    return traffic
+
+
+def test_counter_adds_up_the_bytes_handed_to_each_collective():
+    rank0, rank1 = launch(collectives_of_known_sizes, nprocs=2, backend="gloo",
+                          timeout=LAUNCH_TIMEOUT)
+    common = {"all_reduce": 40, "broadcast": 24, "all_gather": 40 + 20, "reduce_scatter": 32}
+    assert rank0.collective_bytes == {**common, "scatter": 16}  # the root hands in both chunks
+    assert rank1.collective_bytes == {**common, "scatter": 0}
+    assert "barrier" in rank0.collectives and "barrier" not in rank0.collective_bytes
+    assert rank0.bytes_sent == rank0.bytes_received == 0  # collectives are not point-to-point
+
+
+def ddp_then_zero1_payloads(world_size_check=2):
+    """The bytes one steady step hands to collectives: DDP with Adam, then DDP with ZeRO-1."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    assert dist.get_world_size() == world_size_check
+    payloads = {}
+    for use_zero in (False, True):
+        model = torch.nn.parallel.DistributedDataParallel(make_model(seed=0, hidden=32))
+        optimizer = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam)
+                     if use_zero else torch.optim.Adam(model.parameters()))
+        for _ in range(3):  # the second step's forward also broadcasts DDP's rebuilt buckets
+            with count_traffic() as traffic:
+                model(torch.randn(8, 16)).sum().backward()
+                optimizer.step()
+        payloads[use_zero] = dict(traffic.collective_bytes)
+    return payloads
+
+
+def test_zero1_under_ddp_all_reduces_every_gradient_and_broadcasts_every_parameter():
+    payloads = launch(ddp_then_zero1_payloads, nprocs=2, backend="gloo", timeout=LAUNCH_TIMEOUT)[0]
+    parameter_bytes = 4 * sum(p.numel() for p in make_model(seed=0, hidden=32).parameters())
+    assert payloads[False] == {"all_reduce": parameter_bytes}
+    assert payloads[True] == {"all_reduce": parameter_bytes, "broadcast": parameter_bytes}
+
+
 def ring_on_imported_names(tensor):
     """A learner's ring on names bound before the check: `from torch.distributed import isend`."""
     from torch.distributed import irecv, isend
@@ -261,6 +311,14 @@ def test_data_parallel_and_ring_bytes_per_step():
         data_parallel_device0_bytes(parameter_bytes, 0)
     assert ring_all_reduce_bytes(parameter_bytes, 4) == pytest.approx(1500)
     assert ring_all_reduce_bytes(parameter_bytes, 1) == 0
+    # A ring broadcast: N - 1 of the N ranks forward the tensor once.
+    assert ring_broadcast_bytes(parameter_bytes, 4) == pytest.approx(750)
+    assert ring_broadcast_bytes(parameter_bytes, 1) == 0
+    # ZeRO-1 as torch runs it: DDP's all-reduce plus a broadcast of every parameter, 1.5x DDP.
+    for world_size in (2, 8, 64):
+        zero1 = ring_all_reduce_bytes(parameter_bytes, world_size) + ring_broadcast_bytes(
+            parameter_bytes, world_size)
+        assert zero1 == pytest.approx(1.5 * ring_all_reduce_bytes(parameter_bytes, world_size))
 
 
 def test_watching_data_parallel_runs_torch_replicate_and_records_broadcast_then_one_reduce():
