@@ -116,10 +116,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib import launch
-import course_lib.runtime.launcher.supervisor as supervisor
+import course_lib.runtime.launcher.starter as starter
 
 if sys.argv[1] == "no-preload":
-    supervisor.preload_for_fork = lambda: None
+    starter.preload_for_fork = lambda: None
 
 def build_ddp_and_step():
     ddp_model = DDP(nn.Linear(16, 4))

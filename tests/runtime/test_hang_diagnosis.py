@@ -70,6 +70,20 @@ PROGRAMS = {
             for _ in range(steps):
                 model(torch.randn(8, 4)).sum().backward()
         """, ["rank 1 finished after", "rank 0 wait", "all_reduce float32[10]"]),
+    "ddp_rank_stops_mid_step": ("""
+        def work():
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(10):
+                loss = model(torch.randn(8, 4)).pow(2).mean()
+                if dist.get_rank() == 1 and step == 1:
+                    time.sleep(60)  # rank 1 stops in the middle of a step: sleeping, or waiting on input
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        """, ["rank 1 is in no collective: it runs your code in work (ddp_rank_stops_mid_step.py:11), "
+              "after 6 collectives", "rank 0 waits in its 7th (all_reduce float32[10] in backward() at "
+              "ddp_rank_stops_mid_step.py, line 12)"]),
 }
 HEADER = "import time\nimport torch\nimport torch.distributed as dist\n"
 
@@ -129,9 +143,9 @@ def test_a_peer_that_lost_its_connection_is_named_as_a_consequence():
     assert "GLHF" not in message.split("Last output")[0]
 
 
-def _record(seq, op="all_reduce", shape=(4,), done=True):
+def _record(seq, op="all_reduce", shape=(4,), done=True, in_backward=False):
     return {"group": "default_pg", "seq": seq, "op": op, "shapes": [list(shape)], "dtypes": ["float32"],
-            "done": done, "where": f"train.py, line {seq}"}
+            "done": done, "where": f"train.py, line {seq}", "in_backward": in_backward}
 
 
 def test_the_last_matching_collectives_are_listed_before_the_parting():
@@ -163,6 +177,38 @@ def test_a_busy_rank_is_named_though_its_last_collective_is_not_yet_marked_done(
                            waiting_in="work (hang.py:12)")}
     assert diagnose(states).startswith("rank 1 is in no collective: it runs your code in work "
                                        "(hang.py:12), after 1 collective; rank 0 waits in its 2nd")
+
+
+def test_a_ddp_all_reduce_that_reads_done_though_a_peer_never_issued_it_is_still_waited_in():
+    # gloo ends a collective that outlives the group's timeout (launch's own) and torch then retires
+    # its record: it reads done while the rank's main thread still waits in autograd's backward
+    same = [_record(seq, in_backward=seq > 2) for seq in range(1, 5)]
+    states = {0: RankState(0, "running", records=same + [_record(5, shape=(10,), in_backward=True)],
+                           waiting_in="_engine_run_backward (graph.py:979)"),
+              1: RankState(1, "running", records=same, waiting_in="work (train.py:10)"),
+              2: RankState(2, "running", records=same + [_record(5, shape=(10,), done=False, in_backward=True)],
+                           waiting_in="_engine_run_backward (graph.py:979)")}
+    assert diagnose(states).splitlines()[0] == (
+        "rank 1 is in no collective: it runs your code in work (train.py:10), after 4 collectives; "
+        "rank 0 waits in its 5th (all_reduce float32[10] in backward() at train.py, line 5); "
+        "rank 2 waits in its 5th (all_reduce float32[10] in backward() at train.py, line 5)")
+    for state in states.values():  # every rank issued it: it completed, and no rank is blamed
+        state.records = same + [_record(5, shape=(10,), in_backward=True)]
+    assert diagnose(states) == ""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.filterwarnings("ignore:3 ranks on 2 CPU cores")
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_rank_that_stops_mid_step_in_ddp_training_is_named_with_the_ranks_waiting_in_backward(nprocs):
+    """Rank 1 sleeps between forward and backward; the others wait in DDP's gradient all-reduce."""
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError) as caught:
+        launch(_define("ddp_rank_stops_mid_step")["work"], nprocs=nprocs, timeout=4, output="none")
+    assert time.monotonic() - start < 4 + 5
+    _assert_holds(caught.value.diagnosis, "ddp_rank_stops_mid_step")
+    if nprocs == 3:
+        assert "; rank 2 waits in its 7th (all_reduce float32[10] in backward()" in caught.value.diagnosis
 
 
 def test_ranks_that_agree_and_all_wait_are_not_blamed_on_a_mismatch():

@@ -199,12 +199,22 @@ def _waiting(ranks) -> Dict[str, Dict[int, dict]]:
         # (an async op's, DDP's all-reduce under backward)
         in_call = bool(state.gave_up) or ("distributed_c10d" in state.waiting_in
                                         and _function(state.waiting_in) not in POINT_TO_POINT)
-        pending = state.records[-1:] if in_call else [r for r in state.records if not r["done"]
-                                                          and not _done_elsewhere(r, ranks)]
+        pending = state.records[-1:] if in_call else [r for r in state.records if _unfinished(r, ranks)]
         if pending:
             last = max(pending, key=lambda r: r["seq"])
             waiting.setdefault(last["group"], {})[state.rank] = last
     return waiting
+
+
+def _unfinished(record, ranks) -> bool:
+    """Whether the rank still waits in this collective: its record is not done, or it reads done
+    though a rank of its group never issued it. Such a collective cannot have completed: the
+    backend gave up on it (gloo ends one that outlives the group's timeout, which launch sets to
+    its own, and torch retires its record). DDP's all-reduce, issued from backward(), is known by
+    its record alone: the rank's main thread waits in autograd, not in a torch.distributed call."""
+    if any(0 < _count(state, record["group"]) < record["seq"] for state in ranks.values()):
+        return True
+    return not record["done"] and not _done_elsewhere(record, ranks)
 
 
 def _done_elsewhere(record, ranks) -> bool:
@@ -312,7 +322,8 @@ def _call(record) -> str:
     tensors = ", ".join(f"{dtype}[{', '.join(map(str, shape))}]"
                         for dtype, shape in zip(record["dtypes"], record["shapes"]))
     where = f" at {record['where']}" if record.get("where") else ""
-    return f"{record['op']}{' ' + tensors if tensors else ''}{where}"
+    backward = " in backward()" if record.get("in_backward") else ""  # DDP's gradient all-reduce, say
+    return f"{record['op']}{' ' + tensors if tensors else ''}{backward}{where}"
 
 
 def _grouped(issued: Dict[int, dict]) -> List[List[int]]:

@@ -13,6 +13,8 @@ import cloudpickle
 from ..shared import env
 from ..shared.errors import DistributedRunError
 from ..shared.output import OutputRelay
+from . import starter
+from .interrupts import interrupts_held
 from .supervisor import RankSupervisor
 from ..rank.main import CallFunction
 from ..shared.protocol import RECORDER_ENTRIES, RECORDER_ENV, RankSpec
@@ -56,7 +58,9 @@ def launch(fn: Callable, *args, nprocs: int = 2, backend: Optional[str] = None,
     call: it is stopped and reported.
 
     Raises DistributedRunError (a RuntimeError) naming every failed rank; no rank survives it,
-    nor a KeyboardInterrupt. A rank stuck after ``fn`` returned is named as such, with what it was
+    nor a KeyboardInterrupt. The stop button is never lost: pressed while ranks are forked,
+    recorded or stopped, it is held back until that is done, then raised (interrupts.py). A rank
+    stuck after ``fn`` returned is named as such, with what it was
     freeing, its stacks and its threads; the results that arrived are in the error's ``.results``.
     """
     __tracebackhide__ = True  # pytest and IPython leave this frame out of a failure's traceback
@@ -73,16 +77,27 @@ def run_ranks(job: CallFunction, nprocs: int, backend: Optional[str], timeout: O
         raise TypeError(f"{who} needs a function to run, got {type(job.fn).__name__}")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout={timeout!r}: give a number of seconds above 0, or None")
-    group, rendezvous = start_ranks(job, nprocs, backend, start_method, output,
-                                    init_process_group, timeout, who, record_collectives)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        replies = group.collect(timeout=timeout)
-        group.await_exits(replies, deadline)  # each rank frees what fn left, then exits
-    finally:
-        group.stop()  # after a failure, or a rank stuck as it ends: no rank survives
-        rendezvous.close()
+    import_what_ranks_share(start_method)
+    # From the first fork to the last rank stopped, the stop button is a flag: honoured where no
+    # rank can be left behind (see interrupts.py)
+    with interrupts_held() as interrupted:
+        group, rendezvous = start_ranks(job, nprocs, backend, start_method, output,
+                                        init_process_group, timeout, who, record_collectives)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            replies = group.collect(timeout=timeout, interrupted=interrupted)
+            group.await_exits(replies, deadline, interrupted=interrupted)  # each rank frees what fn left, then exits
+        finally:
+            group.stop()  # after a failure, or a rank stuck as it ends: no rank survives
+            rendezvous.close()
     return [replies[rank] for rank in range(nprocs)]
+
+
+def import_what_ranks_share(start_method: Optional[str]) -> None:
+    """The slow part of a first launch (seconds), before the stop button is held back: a learner
+    who presses it then stops the import at once. Nothing runs yet that could be left behind."""
+    if env.choose_start_method(start_method)[0] == "fork":
+        starter.preload_for_fork()
 
 
 def start_ranks(job, nprocs: int, backend: Optional[str], start_method: Optional[str], output: str,

@@ -6,13 +6,13 @@ import atexit
 import contextlib
 import os
 import signal
-import threading
 import weakref
 from typing import Any, List, Optional
 
 from ..shared import channel
 from ..shared.errors import DistributedRunError
-from .launch import start_ranks
+from .interrupts import interrupts_held
+from .launch import import_what_ranks_share, start_ranks
 from ..rank.session_loop import CLOSE, SessionLoop
 
 _open_sessions = weakref.WeakSet()
@@ -38,8 +38,12 @@ class DistributedSession:
         self.output, self.timeout, self.startup_timeout = output, timeout, startup_timeout
         self._group = self._rendezvous = None
         self._cells = 0
-        self._start()
-        _open_sessions.add(self)
+        try:
+            self._start()
+            _open_sessions.add(self)
+        except BaseException:  # a Ctrl-C as the ranks started (raised once they all had): stop them
+            self._stop()
+            raise
 
     # -- the public API ----------------------------------------------------------------------
     def run(self, code_or_function, *args, timeout: Optional[float] = None, **kwargs) -> List[Any]:
@@ -72,11 +76,12 @@ class DistributedSession:
         """Stop the ranks; the session cannot be used afterwards."""
         if self._group is None:
             return
-        for rank in range(self.nprocs):
-            with contextlib.suppress(OSError):
-                self._group.send(rank, CLOSE)
-        self._stop(wait_for_exit=5.0)
-        _open_sessions.discard(self)
+        with interrupts_held():  # every rank is told, then stopped; a Ctrl-C comes after
+            for rank in range(self.nprocs):
+                with contextlib.suppress(OSError):
+                    self._group.send(rank, CLOSE)
+            self._stop(wait_for_exit=5.0)
+            _open_sessions.discard(self)
 
     def __enter__(self):
         return self
@@ -90,16 +95,18 @@ class DistributedSession:
 
     # -- running commands ----------------------------------------------------------------------
     def _start(self) -> None:
-        self._group, self._rendezvous = start_ranks(
-            SessionLoop(), self.nprocs, self.backend, self.start_method, self.output,
-            init_process_group=True, pg_timeout_s=None, who="session",
-            record_collectives=self.record_collectives)
-        self._group.explain_interrupts = False  # an interrupt stops the command, not the ranks
-        try:
-            self._group.collect(timeout=self.startup_timeout)  # every rank says "ready"
-        except BaseException:
-            self._stop()
-            raise
+        import_what_ranks_share(self.start_method)
+        with interrupts_held() as interrupted:  # a Ctrl-C as ranks start stops them all
+            self._group, self._rendezvous = start_ranks(
+                SessionLoop(), self.nprocs, self.backend, self.start_method, self.output,
+                init_process_group=True, pg_timeout_s=None, who="session",
+                record_collectives=self.record_collectives)
+            self._group.explain_interrupts = False  # an interrupt stops the command, not the ranks
+            try:
+                self._group.collect(timeout=self.startup_timeout, interrupted=interrupted)  # each says "ready"
+            except BaseException:
+                self._stop()
+                raise
 
     def _stop(self, wait_for_exit: float = 0.0) -> None:
         group, self._group = self._group, None
@@ -123,10 +130,12 @@ class DistributedSession:
             payload = channel.dumps(command)
         except Exception as exc:
             raise TypeError(f"could not send this to the ranks: {type(exc).__name__}: {exc}") from exc
-        for rank in range(self.nprocs):
-            self._group.send(rank, payload)
         timeout = self.timeout if timeout is None else timeout
-        with _interrupts_deferred() as interrupted:
+        # A Ctrl-C is a flag that `collect` polls: every rank gets the command, pipes are never left
+        # half-read, and one that comes as the command ends is raised after it (interrupts.py)
+        with interrupts_held() as interrupted:
+            for rank in range(self.nprocs):
+                self._group.send(rank, payload)
             try:
                 replies = self._group.collect(timeout=timeout, interrupted=interrupted)
             except DistributedRunError as error:
@@ -161,20 +170,6 @@ class DistributedSession:
 def _stuck(error: DistributedRunError) -> bool:
     """Whether some ranks hung or died, so that only a restart makes the session usable again."""
     return error.timed_out or any(f.phase in ("hung", "exit") for f in error.failures.values())
-
-
-@contextlib.contextmanager
-def _interrupts_deferred():
-    """Turn Ctrl-C into a flag that `collect` polls, so pipes are never left half-read."""
-    flag = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag.is_set
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
-    try:
-        yield flag.is_set
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @atexit.register

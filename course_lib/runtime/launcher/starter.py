@@ -4,6 +4,7 @@
 """
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from typing import Dict, List, Optional
 
 import course_lib
 from ..shared import channel
+from ..shared.process_group import signal_group
 from ..rank.main import run_rank
 from ..shared.protocol import RankPipes, RankSpec
 
@@ -40,6 +42,8 @@ class RankHandle:
     exit_step: Optional[dict] = None         # what it does after its function returned (rank.main)
     collectives: Optional[list] = None       # the collectives it recorded, as of its latest note
     collectives_at: Optional[float] = None   # time.monotonic() of that note
+    asked_at: Optional[float] = None         # when the launcher last asked where it is (it hangs)
+    answer: Optional[list] = None            # the collectives it had issued then: its first note since
 
     @property
     def alive(self) -> bool:
@@ -87,7 +91,10 @@ def preload_for_fork() -> None:
 
 
 def fork_rank(spec: RankSpec, started: List[RankHandle]) -> RankHandle:
-    """Fork a rank; `started` are the ranks before it, whose pipes the child must not keep."""
+    """Fork a rank; `started` are the ranks before it, whose pipes the child must not keep.
+
+    Call it with the stop button held back (interrupts.interrupts_held): a KeyboardInterrupt inside
+    os.fork's after-fork hooks is lost. A child whose handle could not be made is stopped here."""
     ours, theirs = _pipes()
     inherited = [fd for h in started for fd in h.fds.values()] + list(ours.values())
     for stream in (sys.stdout, sys.stderr):
@@ -104,8 +111,13 @@ def fork_rank(spec: RankSpec, started: List[RankHandle]) -> RankHandle:
             run_rank(spec, theirs, forked=True)
         finally:
             os._exit(70)
-    close_all(vars(theirs).values())
-    return RankHandle(spec.rank, pid, ours, pidfd=_pidfd(pid))
+    try:
+        close_all(vars(theirs).values())
+        return RankHandle(spec.rank, pid, ours, pidfd=_pidfd(pid))
+    except BaseException:
+        _stop_unrecorded(pid)
+        close_all(ours.values())
+        raise
 
 
 def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
@@ -122,14 +134,30 @@ def spawn_rank(spec: RankSpec, job_bytes: bytes) -> RankHandle:
             pass_fds=(theirs.messages, theirs.control, theirs.stacks))
     finally:
         close_all(vars(theirs).values())
-    handle = RankHandle(spec.rank, popen.pid, ours, popen=popen, pidfd=_pidfd(popen.pid))
-    # Write in the background: the rank may print before it reads, and we must keep reading.
-    spec_bytes = channel.dumps(spec)
-    writer = threading.Thread(target=_write_frames, args=(ours["control"], [spec_bytes, job_bytes]),
-                              daemon=True, name=f"course_lib-rank{spec.rank}-writer")
-    writer.start()
-    handle.writer = writer
-    return handle
+    try:
+        handle = RankHandle(spec.rank, popen.pid, ours, popen=popen, pidfd=_pidfd(popen.pid))
+        # Write in the background: the rank may print before it reads, and we must keep reading.
+        spec_bytes = channel.dumps(spec)
+        writer = threading.Thread(target=_write_frames, args=(ours["control"], [spec_bytes, job_bytes]),
+                                  daemon=True, name=f"course_lib-rank{spec.rank}-writer")
+        writer.start()  # fails where no thread can start
+        handle.writer = writer
+        return handle
+    except BaseException:
+        _stop_unrecorded(popen.pid)
+        popen.returncode = -signal.SIGKILL  # reaped here: Popen must not wait for it again
+        close_all(ours.values())
+        raise
+
+
+def _stop_unrecorded(pid: int) -> None:
+    """Kill and reap a rank that was started but never handed to the launcher, which would not
+    know to stop it (the rank leads a process group of its own once it runs: end that too)."""
+    signal_group(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def _pidfd(pid: int) -> Optional[int]:

@@ -20,11 +20,17 @@ from ..shared.protocol import COLLECTIVES, ERROR, EXITING, OK, RENDEZVOUS, RankS
 from .diagnosis import RankState, diagnose
 from ..rank import last_call
 from ..rank.collective_log import ASK
-from .starter import STREAMS, RankHandle, close_all, fork_rank, preload_for_fork, spawn_rank
-from ..shared.tracebacks import innermost_frame, native_threads, notebook_friendly, trim_stack_dump
+from .interrupts import interrupts_held
+from .starter import STREAMS, RankHandle, close_all, fork_rank, spawn_rank
+from ..shared.tracebacks import (innermost_frame, native_threads, notebook_friendly, reaches_rank_code,
+                                 trim_stack_dump)
 
 # Seconds a rank may take, after its result arrived, to free what its function left and exit.
 EXIT_GRACE_S = 30.0
+# Asking hung ranks where they are: a rank that sends nothing for this long cannot answer; and
+# the longest wait for the answers, however many keep arriving.
+ANSWER_QUIET_S = 3.0
+ANSWER_LIMIT_S = 60.0
 
 
 class DistributedRunInterrupted(DistributedRunError, KeyboardInterrupt):
@@ -41,8 +47,6 @@ class RankSupervisor:
         self.explain_interrupts = True  # Ctrl-C: stacks and diagnosis (a session interrupts its ranks instead)
         self.handles: List[RankHandle] = []
         self.selector = selectors.DefaultSelector()
-        if start_method == "fork":
-            preload_for_fork()
         self.calls_folder = tempfile.mkdtemp(prefix="course-ranks-") if self.record_collectives else None
         try:
             for spec in specs:
@@ -89,6 +93,9 @@ class RankSupervisor:
                         handle.exit_step = payload
                     elif kind == COLLECTIVES:  # a note: the collectives it issued so far
                         handle.collectives, handle.collectives_at = payload, time.monotonic()
+                        if handle.asked_at is not None and handle.answer is None:
+                            handle.answer = payload  # what it had issued when asked (a later note
+                            # may follow: a collective that then timed out in the backend reads done)
                     else:
                         handle.replied_at = time.monotonic()
                         handle.messages.append((kind, payload))
@@ -164,13 +171,14 @@ class RankSupervisor:
         return replies
 
     def await_exits(self, results: dict, deadline: Optional[float] = None,
-                    grace: Optional[float] = None) -> None:
+                    grace: Optional[float] = None, interrupted=lambda: False) -> None:
         """After every rank's result arrived: wait until every rank has exited.
 
         Each rank gets `grace` seconds (EXIT_GRACE_S) from its result to free what its function
         left and exit, and never past `deadline` (the run's timeout). A rank still there is stuck
         after its function returned: DistributedRunError names it with what it was doing, its
         stacks and its threads, and carries every result in `.results`; then it is stopped.
+        When `interrupted()` turns true, DistributedRunInterrupted says so, with every result.
         """
         __tracebackhide__ = True
         grace = EXIT_GRACE_S if grace is None else grace
@@ -178,6 +186,10 @@ class RankSupervisor:
             alive = [h for h in self.handles if h.alive]
             if not alive:
                 return
+            if interrupted():
+                failures = {h.rank: RankFailure(h.rank, "interrupted", "interrupted while it exited, after "
+                                                "its result arrived", when=time.time()) for h in alive}
+                raise self.error(failures, interrupted=True, results=results, finished=results)
             now = time.monotonic()
             timed_out = deadline is not None and now > deadline
             late = [h for h in alive
@@ -205,23 +217,19 @@ class RankSupervisor:
         threads = {handle.rank: native_threads(handle.pid) for handle in busy}
         lines = {handle.rank: summary(handle, threads[handle.rank]) if callable(summary) else summary
                  for handle in busy}
-        asked = time.monotonic()
         for handle in busy:
-            if self.record_collectives:  # the rank's own thread answers, even in a hung collective
+            signal_group(handle.pid, signal.SIGUSR1)
+        self._await_answers(busy, records=False)
+        # Then the records, which the rank's own thread sends even from a hung collective. Not at
+        # once: faulthandler reads every thread's frames without the GIL, and dumping a thread
+        # while it runs Python (that one, answering) can crash the rank (seen under load)
+        if self.record_collectives:
+            asked = time.monotonic()
+            for handle in busy:
+                handle.asked_at, handle.answer = asked, None
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(handle.pid, ASK)
-            signal_group(handle.pid, signal.SIGUSR1)
-        # Wait until every dump has arrived and stopped growing, and every record (3 s at most).
-        end, last_sizes, stable_since = time.monotonic() + 3.0, None, time.monotonic()
-        while time.monotonic() < end:
-            self.pump(0.05)
-            sizes = [len(h.stacks) for h in busy]
-            recorded = not self.record_collectives or all(
-                h.collectives_at is not None and h.collectives_at >= asked for h in busy)
-            if sizes != last_sizes:
-                last_sizes, stable_since = sizes, time.monotonic()
-            elif all(sizes) and recorded and time.monotonic() - stable_since > 0.2:
-                break
+            self._await_answers(busy, records=True)
         for handle in busy:
             dump = handle.stacks.decode("utf-8", "replace")
             stack = notebook_friendly(trim_stack_dump(dump))
@@ -231,6 +239,28 @@ class RankSupervisor:
             failures[handle.rank] = RankFailure(
                 handle.rank, phase, lines[handle.rank] + (f", waiting in {waiting_in}" if waiting_in else ""),
                 when=time.time(), stack=stack, waiting_in=waiting_in, threads=shown)
+
+    def _await_answers(self, busy, records: bool) -> None:
+        """Wait until each busy rank still alive has sent what the diagnosis needs: its main thread's
+        stack (down to the rank's own code), and its records if `records`; then until nothing more
+        comes for a moment (the rest of the dump). However many ranks answer at once, and however
+        loaded the machine, answers that keep arriving are waited for; a rank that sends nothing
+        for ANSWER_QUIET_S cannot answer (its main thread holds the GIL, which the records thread
+        needs) and is given up on. A rank that was just starting has no handler yet: the signal
+        ends it, and it is not waited for."""
+        started = time.monotonic()
+        seen, last_arrival = None, started
+        while time.monotonic() - started < ANSWER_LIMIT_S:
+            self.pump(0.02)
+            now, answering = time.monotonic(), [h for h in busy if h.alive]
+            arrived = [(h.rank, len(h.stacks), h.collectives_at) for h in answering]
+            if arrived != seen:
+                seen, last_arrival = arrived, now
+            quiet = now - last_arrival
+            answered = all(reaches_rank_code(h.stacks.decode("utf-8", "replace"))
+                           and (not records or h.answer is not None) for h in answering)
+            if quiet > ANSWER_QUIET_S or (quiet > 0.05 and answered):
+                return
 
     def error(self, failures, timed_out=False, results=None, finished=(),
               interrupted=False) -> DistributedRunError:
@@ -255,8 +285,10 @@ class RankSupervisor:
                 state = "returned"
             else:
                 state, summary = ("exited" if failure.phase == "exit" else "failed"), failure.summary
+            asked = failure is not None and failure.phase in ("timeout", "hung", "interrupted", "exiting")
+            records = handle.answer if asked and handle.answer is not None else handle.collectives
             states[handle.rank] = RankState(handle.rank, state, failure.gave_up_waiting if failure else "",
-                                            handle.collectives, waiting_in, summary,
+                                            records, waiting_in, summary,
                                             outputs.get(handle.rank, [])[-200:], self._last_call(handle.rank))
         return states
 
@@ -267,26 +299,21 @@ class RankSupervisor:
     def stop(self, wait_for_exit: float = 0.0, term_grace: float = 2.0) -> None:
         """Make sure no rank survives: wait for a clean exit, then SIGTERM, then SIGKILL; reap all.
 
-        A second Ctrl-C while stopping is held back until every rank is gone.
+        A Ctrl-C while stopping is held back until every rank is gone, then raised.
         """
-        interrupted = False
-        for sig, grace in ((None, wait_for_exit), (signal.SIGTERM, term_grace), (signal.SIGKILL, 10)):
-            alive = [h for h in self.handles if h.alive]
-            if not alive:
-                break
-            for handle in alive if sig else []:
-                signal_group(handle.pid, sig)
-            end = time.monotonic() + grace
-            while any(h.alive for h in self.handles) and time.monotonic() < end:
-                try:
+        with interrupts_held():
+            for sig, grace in ((None, wait_for_exit), (signal.SIGTERM, term_grace), (signal.SIGKILL, 10)):
+                alive = [h for h in self.handles if h.alive]
+                if not alive:
+                    break
+                for handle in alive if sig else []:
+                    signal_group(handle.pid, sig)
+                end = time.monotonic() + grace
+                while any(h.alive for h in self.handles) and time.monotonic() < end:
                     self.pump(0.02)
-                except KeyboardInterrupt:
-                    interrupted = True
-        self._drain()
-        self.relay.flush()
-        self._close()
-        if interrupted:
-            raise KeyboardInterrupt
+            self._drain()
+            self.relay.flush()
+            self._close()
 
     def _drain(self, idle: float = 0.2) -> None:
         """Read what the exited ranks left in their pipes, so their last lines are not lost."""

@@ -79,7 +79,7 @@ def send_records(messages_fd: int) -> None:
 
 def records() -> list:
     """This rank's recorded collectives, oldest first, as plain dicts:
-    {"group", "seq", "op", "shapes", "dtypes", "done", "where"}; [] when torch records none."""
+    {"group", "seq", "op", "shapes", "dtypes", "done", "where", "in_backward"}; [] when torch records none."""
     dumped = []
     try:
         import torch._C._distributed_c10d as c10d
@@ -106,7 +106,14 @@ def _record(entry: dict) -> dict:
         "dtypes": [_DTYPES.get(dtype, dtype) for dtype in entry.get("input_dtypes", [])],
         "done": bool(entry.get("retired")) or entry.get("state") == "completed",
         "where": _learner_line(entry.get("frames", [])),
+        "in_backward": _in_backward(entry.get("frames", [])),
     }
+
+
+def _in_backward(frames: list) -> bool:
+    """Whether a hook of the backward pass issued it (DDP's Reducer all-reduces each gradient bucket
+    there): the innermost Python frame is then autograd's, which runs the backward in C++."""
+    return bool(frames) and frames[0].get("name") == "_engine_run_backward"
 
 
 def _learner_line(frames: list) -> str:

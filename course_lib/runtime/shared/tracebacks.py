@@ -143,6 +143,12 @@ def place(filename: str, line) -> str:
     return f"{os.path.basename(filename) if shown.startswith('File ') else shown}, line {line}"
 
 
+def reaches_rank_code(stack: str) -> bool:
+    """Whether faulthandler's dump (untrimmed) shows the rank's main thread down to the rank's own
+    code: then its innermost frames, which come first, have arrived."""
+    return any(f'"{name}"' in stack for name in _RANK_MAIN_FILES)
+
+
 def innermost_frame(stack: str) -> str:
     """'all_reduce (distributed_c10d.py:2950)' from faulthandler's dump (untrimmed) of the rank's
     main thread: the thread that runs course_lib's rank code, else the one the signal landed on."""
