@@ -3,7 +3,12 @@
     commands       check, build-lessons, run-solutions, pacing: flags in, reports printed
     build          lessons/ from solutions/: exercises become stubs, no outputs, deterministic
     grading        one learner's notebook: the course's check cells put back, run under nbval
-    gradebook      a class: its submissions found, each graded, one row per learner and exercise
+    sandbox        bubblewrap around a grading: read-only Python, a private folder, no network, limits
+    sandbox_entry  what runs first inside it: the limits set, root's uid dropped, then pytest
+    submissions    who handed in what: a submission per learner; copies, other lessons noted
+    class_grading  a class graded N at a time, each grade kept as it is given (--resume)
+    gradebook      a row per learner: roster, points per exercise, total, feedback, notes
+    exports        the gradebook as CSV and JSON, and the CSVs Canvas and Gradescope import
     run_solutions  the solutions executed with nbclient: pass/fail, seconds, device
     slurm_run      run-solutions as a SLURM batch job: submit it, follow it, read its report
     pacing         each lesson's minutes, from a model written down

@@ -3,10 +3,12 @@ run-solutions and pacing. Each parses its flags, calls the pipelines below with 
 and prints their report; no pipeline imports this module (nbgrader keeps its apps apart the same way).
 """
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
-from . import build, gradebook, grading, pacing, run_solutions, slurm_run
+from . import (build, class_grading, exports, gradebook, grading, pacing, run_solutions, sandbox,
+               slurm_run, submissions)
 from .cells import exercise_name, is_check_cell, is_exercise_cell
 from .layout import SOLUTIONS, course_notebooks, find_course_root, find_lesson, matches_numbers
 
@@ -20,15 +22,19 @@ def check_main(argv) -> int:
                     "The course's check cells are put back before grading.")
     parser.add_argument("lesson", help="the lesson: its number (3 or 03) or its path")
     parser.add_argument("submissions", nargs="*", type=Path, metavar="SUBMISSION",
-                        help="learners' notebooks, or folders of them (one row per learner and "
-                             "exercise); none: grade the lesson itself")
-    parser.add_argument("--csv", type=Path, metavar="FILE", help="write the rows as CSV")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="write the rows as JSON")
+                        help="learners' notebooks, or folders of them (a gradebook row per "
+                             "learner); none: grade the lesson itself")
+    parser.add_argument("--csv", type=Path, metavar="FILE",
+                        help="write the gradebook (a row per learner) as CSV; FILE's .state.jsonl "
+                             "beside it keeps each grade as it is given")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the gradebook as JSON")
+    _add_gradebook_arguments(parser)
     parser.add_argument("--timeout", type=float, default=grading.DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"seconds one notebook may take (default {grading.DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--cell-timeout", type=float, default=grading.DEFAULT_CELL_TIMEOUT_S, metavar="S",
                         help=f"seconds one cell may take before it is interrupted and fails "
                              f"(default {grading.DEFAULT_CELL_TIMEOUT_S:g})")
+    _add_sandbox_arguments(parser)
     args = parser.parse_args(argv)
     try:
         root = find_course_root()
@@ -47,28 +53,123 @@ def check_main(argv) -> int:
     return 0 if print_grade(result) else 1
 
 
+def _add_sandbox_arguments(parser) -> None:
+    sealed = parser.add_argument_group(
+        "the sandbox each submission is graded in (with SUBMISSIONs; Linux, bubblewrap)")
+    defaults = sandbox.Limits()
+    sealed.add_argument("--no-sandbox", action="store_true",
+                        help="grade without a sandbox: learners' code runs as you, with your files, "
+                             "environment and network (the gradebook says sealed=False)")
+    sealed.add_argument("--memory", type=_bytes, default=defaults.memory_bytes, metavar="SIZE",
+                        help=f"memory each process of a submission may allocate, e.g. 2G "
+                             f"(default {defaults.memory_bytes / sandbox.GiB:g}G)")
+    sealed.add_argument("--cpu-time", type=int, default=defaults.cpu_seconds, metavar="S",
+                        help=f"CPU seconds each process of a submission may use "
+                             f"(default {defaults.cpu_seconds})")
+
+
+def _bytes(text: str) -> int:
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in units else (text, "")
+    try:
+        return int(float(number) * units.get(unit, 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give bytes, or a number with K, M, G or T")
+
+
+def _sandbox_limits(args):
+    """The sandbox.Limits each submission is graded under; None with --no-sandbox. Refuses (a
+    LookupError that says what to install) where no sandbox starts."""
+    if args.no_sandbox:
+        print("warning: --no-sandbox: each submission runs as you, with your files, environment "
+              "and network", file=sys.stderr)
+        return None
+    missing = sandbox.why_unavailable()
+    if missing:
+        raise LookupError(f"cannot grade a class sealed here: {missing}; or, knowing that "
+                          f"learners' code then runs as you, add --no-sandbox")
+    return sandbox.Limits(memory_bytes=args.memory, cpu_seconds=args.cpu_time)
+
+
+def _add_gradebook_arguments(parser) -> None:
+    book = parser.add_argument_group("a class's gradebook (with SUBMISSIONs)")
+    book.add_argument("--roster", type=Path, metavar="FILE",
+                      help="a CSV of the class (a learner, login, username, SIS Login ID, id or "
+                           "email column; name and email optional; a Canvas export works): every "
+                           "learner gets a row, those without a submission as missing")
+    book.add_argument("--points", action="append", default=[], metavar="EXERCISE=N|FILE",
+                      help="points of an exercise (its grader's name, e.g. check_circle_area=3), "
+                           "or a file of such lines; default: the course's (1 each unless a check "
+                           "cell's metadata says \"points\")")
+    book.add_argument("--canvas", type=Path, metavar="FILE",
+                      help="also write a CSV that Canvas imports (Grades > Import)")
+    book.add_argument("--canvas-assignment", metavar="TITLE",
+                      help="the Canvas assignment column, e.g. '07 checkpointing (12345)' with "
+                           "its Canvas id; default: the lesson's name (a new assignment)")
+    book.add_argument("--gradescope", type=Path, metavar="FILE",
+                      help="also write a CSV of scores that Gradescope imports (matched by email)")
+    book.add_argument("--resume", action="store_true",
+                      help="keep the grades the --csv/--json FILE's .state.jsonl holds from a run "
+                           "that stopped, and grade only the learners it lacks")
+    book.add_argument("--jobs", type=int, default=1, metavar="N",
+                      help="grade N submissions at a time, each in its own process, the cores "
+                           "shared between them (default 1)")
+
+
 def _grade_class(solution: Path, args) -> int:
-    """Grade every submission, print the gradebook, write CSV/JSON; 0 when every exercise passes."""
-    found = gradebook.find_submissions(args.submissions, solution.name)
-    rows = gradebook.grade_class(solution, _progress_bar(found, solution.stem), args.timeout,
-                                 args.cell_timeout)
-    print_gradebook(rows)
+    """Grade every submission into a row per learner, print it, write the files asked for; 0 when
+    every learner has every point."""
+    state = class_grading.state_path_for(args.csv or args.json) if (args.csv or args.json) else None
+    if args.resume and state is None:
+        raise LookupError("--resume needs --csv FILE (or --json FILE): the grades kept so far are "
+                          "in FILE's .state.jsonl")
+    if args.jobs < 1:
+        raise LookupError(f"--jobs {args.jobs}: give a number of submissions at a time, 1 or more")
+    limits = _sandbox_limits(args)  # before any grading: where no sandbox starts, it refuses
+    points = gradebook.override_points(gradebook.course_points(solution), args.points)
+    roster = gradebook.read_roster(args.roster) if args.roster else None
+    found = submissions.find_submissions(args.submissions, solution.name)
+    with _progress_bar(sum(item.notebook is not None for item in found), solution.stem) as follow:
+        grades = class_grading.grade_class(
+            solution, found, timeout_s=args.timeout, cell_timeout_s=args.cell_timeout,
+            jobs=args.jobs, sandbox=limits, state=state, resume=args.resume, on_graded=follow)
+    rows = gradebook.gradebook_rows(grades, found, solution.name, points, roster)
+    print_gradebook(rows, points)
+    strangers = [row.learner for row in rows if not row.in_roster]
+    if strangers:
+        print(f"warning: {len(strangers)} submission(s) of learners not in {args.roster}, graded but "
+              f"left out of the Canvas and Gradescope files: {', '.join(strangers)}", file=sys.stderr)
     if args.csv:
-        gradebook.write_csv(rows, args.csv)
+        exports.write_gradebook_csv(rows, args.csv, list(points))
     if args.json:
-        gradebook.write_json(rows, args.json, solution.name)
-    return 0 if all(row.result == "pass" for row in rows) else 1
+        exports.write_json(rows, args.json, solution.name, points)
+    if args.canvas:
+        exports.write_canvas(rows, args.canvas, args.canvas_assignment or solution.stem)
+    if args.gradescope:
+        unmatched = exports.write_gradescope(rows, args.gradescope, points)
+        if unmatched:
+            print(f"warning: Gradescope matches learners by email, and the roster gives none for "
+                  f"{', '.join(unmatched)}: add an email column to --roster", file=sys.stderr)
+    return 0 if all(row.total == row.maximum for row in rows) else 1
 
 
-def _progress_bar(found, lesson: str):
-    """The (learner, notebook) pairs, behind a progress bar on stderr that names who is graded."""
+@contextlib.contextmanager
+def _progress_bar(total: int, lesson: str):
+    """A progress bar on stderr, and the function that moves it as each learner is graded."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(found, desc=f"grading {lesson}", unit="notebook", file=sys.stderr)
-    for learner, notebook in bar:
-        bar.set_postfix_str(learner)
-        yield learner, notebook
-    bar.close()
+    bar = tqdm(total=total, desc=f"grading {lesson}", unit="notebook", file=sys.stderr)
+
+    def follow(grade, done, total):
+        bar.n = done
+        if grade is not None:
+            bar.set_postfix_str(f"{grade.learner}: {grade.status}", refresh=False)
+        bar.refresh()
+
+    try:
+        yield follow
+    finally:
+        bar.close()
 
 
 def print_grade(result) -> bool:
@@ -95,18 +196,26 @@ def print_grade(result) -> bool:
     return all(cell.passed for cell in result.results)
 
 
-def print_gradebook(rows) -> None:
-    width = max(len(row.learner) for row in rows)
-    print(f"{'learner':<{width}}  result  exercise")
+def print_gradebook(rows, points: dict) -> None:
+    """A line per learner (status, points), then each exercise it lost and each note, indented."""
+    width = max([len("learner")] + [len(row.learner) for row in rows])
+    print(f"{'learner':<{width}}  {'status':<10}  points")
     for row in rows:
-        print(f"{row.learner:<{width}}  {row.result:<6}  {row.exercise}")
-        if row.result != "pass" and row.message:
-            print(" " * (width + 10) + row.message.splitlines()[0][:150])
-        if row.note:
-            print(" " * (width + 10) + f"note: {row.note}")
-    learners = {row.learner for row in rows}
-    passing = sum(row.result == "pass" for row in rows)
-    print(f"{passing} of {len(rows)} exercises pass, {len(learners)} learners.")
+        print(f"{row.learner:<{width}}  {row.status:<10}  {row.total:g} of {row.maximum:g}")
+        indent = " " * (width + 2)
+        if row.status == gradebook.GRADED:
+            for name in points:
+                if row.points[name] < points[name]:
+                    print(f"{indent}FAIL  {name}: {row.feedback.get(name, '').splitlines()[0][:150]}")
+        for note in row.notes:
+            print(f"{indent}note: {note.splitlines()[0][:150]}")
+    counts = {}
+    for row in rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    full = sum(row.total == row.maximum for row in rows)
+    print(f"{len(rows)} learner{'s' * (len(rows) != 1)} "
+          f"({', '.join(f'{n} {status}' for status, n in counts.items())}); "
+          f"{full} with every point.")
 
 
 # -- build-lessons: lessons/ from solutions/ ---------------------------------------------------------

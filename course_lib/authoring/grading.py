@@ -1,8 +1,10 @@
 """Grading one learner's notebook: the course's check cells put back, then the notebook under nbval.
 
-`grade` returns a Grade (each check cell's result); gradebook.py grades a class with it, and
-commands.py prints it for `python -m course_lib check`.
+`grade` returns a Grade (each check cell's result); with `sandbox` (sandbox.Limits) nbval, its
+kernel and everything they start run sealed in a sandbox. class_grading.py grades a class with it,
+and commands.py prints it for `python -m course_lib check`.
 """
+import json
 import os
 import re
 import shutil
@@ -10,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from ..runtime.shared.process_group import signal_group
 from .cells import is_check_cell, is_code
 from .layout import SOLUTIONS
 from .restore import restore_check_cells
+from .sandbox import FOLDER, GRADING, PYTHON, Sandbox
 from .sanitize import write_sanitize_file
 from .scrub import uncolored
 
@@ -31,7 +35,14 @@ CELL_NAME = re.compile(r"Cell (\d+)$")
 AFTER_A_TIMEOUT = "Previous cell timed out"
 DEFAULT_TIMEOUT_S = 900
 DEFAULT_CELL_TIMEOUT_S = 300
-MAX_SIBLING_BYTES = 20 * 2**20  # files beside a submission copied with it (lesson 14's script)
+MAX_SIBLING_BYTES = 20 * 2**20
+OUTPUT_KEPT = 2**20  # bytes of pytest's output kept for the report of a notebook that cannot run
+# the files a lesson reads beside its notebook, copied in with a submission; no other file is, so
+# that none (a torch.py, a pytest.py, a course_lib/) can stand in for a module
+FILES_BESIDE = {"14_capstone.ipynb": ("train_ddp.py",)}
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+KERNEL_NAME = "course-graded"  # our kernelspec: this Python, the folder's files never on sys.path
 
 
 @dataclass
@@ -54,6 +65,7 @@ class Grade:
     ignored: list = field(default_factory=list)   # check cells the course does not have
     seconds: float = 0.0
     problem: str = ""                             # the notebook could not be graded at all
+    sealed: bool = False                          # graded inside a sandbox
 
     @property
     def checks(self) -> list:
@@ -65,50 +77,121 @@ class GradingRunError(RuntimeError):
 
 
 def run_nbval(notebook: Path, timeout_s: float = DEFAULT_TIMEOUT_S, sanitize_file=None,
-              cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S, env=None) -> list:
+              cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S, env=None, *, sandbox=None) -> list:
     """Run `notebook` under nbval (lax, sanitized, this Python as kernel) in its own folder: one
     CellResult per code cell, in order. A cell past `cell_timeout_s` is interrupted and fails;
-    the notebook past `timeout_s` raises GradingRunError."""
+    the notebook past `timeout_s` raises GradingRunError. With `sandbox` (a sandbox.Limits), in
+    a sandbox: the notebook's folder is copied into it, `env` is all it has of ours."""
     notebook = Path(notebook).resolve()
     code_cells = [cell for cell in nbformat.read(notebook, as_version=4).cells if is_code(cell)]
     with tempfile.TemporaryDirectory(prefix="course-grade-") as scratch:
-        report = Path(scratch) / "report.xml"
-        command = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-                   "--nbval-sanitize-with", str(sanitize_file or write_sanitize_file(Path(scratch))),
-                   f"--nbval-cell-timeout={cell_timeout_s:g}",
-                   "-p", "no:cacheprovider", "--noconftest", "--color=no", "-q",
-                   "--rootdir", str(notebook.parent), f"--junitxml={report}", str(notebook)]
-        output = run_with_deadline(command, notebook.parent, timeout_s, env)
-        if output is None:
-            raise GradingRunError(f"{notebook.name} took over {timeout_s:g} s under nbval; "
-                                  f"look for a cell that hangs")
-        if not report.exists():
-            advice = ("nbval is not installed here: pip install nbval\n"
-                      if "unrecognized arguments: --nbval" in output else "")
-            raise GradingRunError(f"nbval could not run {notebook.name}:\n{advice}{output[-2000:]}")
-        outcomes = read_junit(report)
+        grader = Path(scratch) / "grader"
+        _write_grader_files(grader, sanitize_file, isolated=sandbox is not None)
+        if sandbox is None:
+            outcomes, output = _run_here(notebook, grader, timeout_s, cell_timeout_s, env)
+        else:
+            outcomes, output = _run_sealed(notebook, grader, timeout_s, cell_timeout_s, env, sandbox)
+    if output is None:
+        raise GradingRunError(f"{notebook.name} took over {timeout_s:g} s under nbval; "
+                              f"look for a cell that hangs")
+    if outcomes is None:
+        advice = ("nbval is not installed here: pip install nbval\n"
+                  if "unrecognized arguments: --nbval" in output else "")
+        raise GradingRunError(f"nbval could not run {notebook.name}:\n{advice}{output[-2000:]}")
     return [CellResult(index, cell, *outcomes.get(index, (False, "not run by nbval")))
             for index, cell in enumerate(code_cells)]
 
 
-def run_with_deadline(command, folder: Path, timeout_s: float, env=None):
-    """Run `command` in `folder`; its output, or None if it ran out of time. On timeout the whole
-    process group goes (pytest and the notebook's kernel), so no kernel outlives the grading."""
+def nbval_arguments(notebook: str, grader: str, cell_timeout_s: float, report: str) -> list:
+    """pytest's arguments: our configuration only (no conftest, no ini file found from the
+    notebook's folder, no cache), our kernel, the notebook the only test file."""
+    return ["-c", f"{grader}/pytest.ini", "--noconftest", "-p", "no:cacheprovider",
+            "--rootdir", str(Path(notebook).parent), "--nbval-lax",
+            "--nbval-kernel-name", KERNEL_NAME, "--nbval-sanitize-with", f"{grader}/sanitize.cfg",
+            f"--nbval-cell-timeout={cell_timeout_s:g}", "--color=no", "-q",
+            f"--junitxml={report}", notebook]
+
+
+def _write_grader_files(grader: Path, sanitize_file, isolated: bool) -> None:
+    """pytest.ini, sanitize.cfg and the kernelspec nbval starts: this Python with -I in a sandbox
+    (-P here, which keeps PYTHONPATH), so that no file beside the notebook is importable first."""
+    kernel = grader / "jupyter" / "kernels" / KERNEL_NAME
+    kernel.mkdir(parents=True)
+    (grader / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    if sanitize_file:
+        shutil.copy(sanitize_file, grader / "sanitize.cfg")
+    else:
+        write_sanitize_file(grader)
+    argv = [PYTHON, "-I" if isolated else "-P", "-m", "ipykernel_launcher",
+            "--IPKernelApp.ignore_cwd=True", "-f", "{connection_file}"]
+    (kernel / "kernel.json").write_text(json.dumps(
+        {"argv": argv, "display_name": "Python 3 (graded)", "language": "python"}), encoding="utf-8")
+
+
+def _run_here(notebook: Path, grader: Path, timeout_s, cell_timeout_s, env):
+    """(outcomes or None, output or None on timeout): nbval in a process of this machine."""
+    env = dict(os.environ if env is None else env)
+    env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(grader / "jupyter"),
+                                                         env.get("JUPYTER_PATH")]))
+    report = grader.parent / "report.xml"
+    command = [sys.executable, "-P", "-m", "pytest",
+               *nbval_arguments(str(notebook), str(grader), cell_timeout_s, str(report))]
+    output = run_with_deadline(command, notebook.parent, timeout_s, env)
+    return read_junit(report.read_bytes() if report.exists() else b""), output
+
+
+def _run_sealed(notebook: Path, grader: Path, timeout_s, cell_timeout_s, env, limits):
+    """The same in a sandbox: the notebook's folder copied into its private folder, the grader's
+    files read-only, the report back through a file no process of the learner's can open."""
+    inside = f"{GRADING}/grader"
+    with Sandbox(limits, notebook.parent, {"grader": grader},
+                 dict(env or {}, JUPYTER_PATH=f"{inside}/jupyter")) as box:
+        command = box.command("pytest", *nbval_arguments(
+            f"{FOLDER}/{notebook.name}", inside, cell_timeout_s, "{result}"))
+        output = run_with_deadline(command, grader, timeout_s, pass_fds=box.pass_fds)
+        report = box.result()
+    return read_junit(report), output
+
+
+def run_with_deadline(command, folder: Path, timeout_s: float, env=None, pass_fds=()):
+    """Run `command` in `folder`; the end of its output, or None if it ran out of time. On
+    timeout the whole process group goes (pytest and the notebook's kernel), so no kernel outlives
+    the grading. Only the last OUTPUT_KEPT bytes are kept: a kernel may print without end."""
     process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, env=env,
-                               stderr=subprocess.STDOUT, text=True,
+                               stderr=subprocess.STDOUT, pass_fds=pass_fds,
                                start_new_session=(os.name == "posix"))
+    kept = bytearray()
+
+    def keep_the_end():
+        for chunk in iter(lambda: process.stdout.read1(2**16), b""):
+            kept.extend(chunk)
+            if len(kept) > 2 * OUTPUT_KEPT:
+                del kept[:-OUTPUT_KEPT]
+
+    reader = threading.Thread(target=keep_the_end, daemon=True)
+    reader.start()
     try:
-        return process.communicate(timeout=timeout_s)[0]
+        process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         signal_group(process.pid, signal.SIGKILL)
-        process.communicate()
+        process.wait()
         return None
+    finally:
+        reader.join(timeout=5)  # a process left behind (unsealed) may hold the output open
+        if not reader.is_alive():
+            process.stdout.close()
+    return bytes(kept).decode("utf-8", errors="replace")
 
 
-def read_junit(report: Path) -> dict:
-    """{code cell index: (passed, message)} from pytest's junit XML report."""
+def read_junit(report: bytes):
+    """{code cell index: (passed, message)} from pytest's junit XML report; None when there is
+    none, or it is cut short (pytest was killed while writing it)."""
+    try:
+        cases = list(ElementTree.fromstring(report).iter("testcase"))
+    except ElementTree.ParseError:
+        return None
     outcomes = {}
-    for case in ElementTree.parse(report).iter("testcase"):
+    for case in cases:
         cell = CELL_NAME.search(case.get("name", ""))
         if cell is None:
             continue
@@ -153,11 +236,14 @@ def course_solution(notebook: Path, root: Path) -> Path:
 
 
 def grade(submission: Path, solution: Path, timeout_s: float = DEFAULT_TIMEOUT_S,
-          cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S, sanitize_file=None) -> Grade:
-    """Grade `submission` with the check cells of `solution`, in a folder of its own (the files
-    beside the submission copied in), with this process's environment but its own TMPDIR."""
+          cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S, sanitize_file=None, *, sandbox=None,
+          threads=None) -> Grade:
+    """Grade `submission` with the check cells of `solution`, in a folder of its own with the
+    files its lesson reads beside it. With `sandbox` (a sandbox.Limits), sealed in a sandbox with
+    none of this process's environment; without, with it but its own TMPDIR. `threads`: the
+    intra-op threads it may use (None: the thread variables set here, if any)."""
     started = time.monotonic()
-    result = Grade(Path(submission))
+    result = Grade(Path(submission), sealed=sandbox is not None)
     with tempfile.TemporaryDirectory(prefix="course-submission-") as folder:
         folder = Path(folder)
         try:
@@ -167,24 +253,34 @@ def grade(submission: Path, solution: Path, timeout_s: float = DEFAULT_TIMEOUT_S
             return result
         restored = restore_check_cells(learner_notebook, nbformat.read(solution, as_version=4))
         result.notes, result.ignored = restored.notes, restored.ignored
-        _copy_siblings(Path(submission), folder)
+        _copy_lesson_files(Path(submission), folder, solution.name)
         graded = folder / solution.name
         nbformat.write(restored.notebook, graded)
-        (folder / "tmp").mkdir()
-        env = dict(os.environ, TMPDIR=str(folder / "tmp"))
+        if sandbox is None:
+            (folder / "tmp").mkdir()
+            env = dict(os.environ, TMPDIR=str(folder / "tmp"), **thread_variables(threads))
+        else:
+            env = thread_variables(threads)
         try:
-            result.results = run_nbval(graded, timeout_s, sanitize_file, cell_timeout_s, env)
+            result.results = run_nbval(graded, timeout_s, sanitize_file, cell_timeout_s, env,
+                                       sandbox=sandbox)
         except GradingRunError as error:
             result.problem = str(error)
     result.seconds = time.monotonic() - started
     return result
 
 
-def _copy_siblings(submission: Path, folder: Path) -> None:
-    """The files beside a submission that a lesson reads (lesson 14's train_ddp.py): every file
-    that is not a notebook, while they add up to MAX_SIBLING_BYTES."""
-    budget = MAX_SIBLING_BYTES
-    for path in sorted(submission.resolve().parent.iterdir()):
-        if path.is_file() and path.suffix != ".ipynb" and path.stat().st_size <= budget:
-            shutil.copy2(path, folder / path.name)
-            budget -= path.stat().st_size
+def thread_variables(threads=None) -> dict:
+    """OMP_NUM_THREADS and its kin: `threads` in each, or (None) those set here."""
+    if threads is None:
+        return {name: os.environ[name] for name in THREAD_VARIABLES if name in os.environ}
+    return {name: str(threads) for name in THREAD_VARIABLES}
+
+
+def _copy_lesson_files(submission: Path, folder: Path, lesson: str) -> None:
+    """The files beside a submission that its lesson reads (FILES_BESIDE: lesson 14's
+    train_ddp.py), each up to MAX_SIBLING_BYTES; nothing else."""
+    for name in FILES_BESIDE.get(lesson, ()):
+        path = submission.resolve().parent / name
+        if path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_SIBLING_BYTES:
+            shutil.copy(path, folder / name)
