@@ -8,6 +8,7 @@ of a short launch. The issue's 50 rounds of that sweep: python tests/interrupt_s
 """
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -141,6 +142,30 @@ def test_a_stop_as_a_session_command_ends_is_raised_after_it_and_the_session_goe
         with pytest.raises(KeyboardInterrupt):
             session.run("x = rank")
         assert session.pull("x") == [0, 1]
+
+
+def test_a_stop_as_a_session_command_is_sent_stops_it_on_every_rank_and_keeps_the_names(monkeypatch, capsys):
+    # the ranks may not have started the command when their SIGINT comes: they must not run it
+    with DistributedSession(nprocs=2, output="all") as session:
+        session.run("kept = rank")
+        monkeypatch.setattr(RankSupervisor, "send", _interrupting_first(RankSupervisor.send))
+        with pytest.raises(KeyboardInterrupt):
+            session.run("import time\ntime.sleep(30)\nlate = rank")
+        monkeypatch.undo()
+        assert session.run("kept, 'late' in globals()") == [(0, False), (1, False)]
+    assert "restarting" not in capsys.readouterr().out  # the names were kept: no restart
+
+
+def test_a_stop_after_some_ranks_answered_stops_the_others_and_keeps_the_names(capsys):
+    with DistributedSession(nprocs=2, output="all") as session:
+        session.run("kept = rank")
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            session.run("import time\nif rank == 1:\n    time.sleep(30)")  # rank 0 answers at once
+        timer.join()
+        assert session.run("kept") == [0, 1]
+    assert "restarting" not in capsys.readouterr().out  # the names were kept: no restart
 
 
 @STRESS

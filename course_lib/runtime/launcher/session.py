@@ -13,7 +13,7 @@ from ..shared import channel
 from ..shared.errors import DistributedRunError
 from .interrupts import interrupts_held
 from .launch import import_what_ranks_share, start_ranks
-from ..rank.session_loop import CLOSE, SessionLoop
+from ..rank.session_loop import CANCEL, CLOSE, SessionLoop
 
 _open_sessions = weakref.WeakSet()
 
@@ -142,8 +142,8 @@ class DistributedSession:
                 if _stuck(error):
                     self._restart("some ranks were stuck or gone")
                 raise
-            except KeyboardInterrupt:
-                self._interrupt_ranks()
+            except KeyboardInterrupt as interrupt:
+                self._interrupt_ranks(getattr(interrupt, "answered", ()))
                 raise
             finally:
                 self._end_cell_output()
@@ -155,13 +155,20 @@ class DistributedSession:
             self._group.pump(0)
             self._group.relay.end_live()
 
-    def _interrupt_ranks(self, grace: float = 3.0) -> None:
-        """Interrupt the running command on every rank; restart ranks that do not stop in time."""
-        for handle in self._group.handles:
+    def _interrupt_ranks(self, answered=(), grace: float = 3.0) -> None:
+        """Interrupt the command on every rank that has not `answered` it yet (the others wait for
+        the next one: their reply is in); restart ranks that do not stop in time.
+
+        Each rank gets CANCEL first, then SIGINT: one that had not started the command yet (it
+        drops a SIGINT between commands) skips it; one running it stops."""
+        busy = [handle for handle in self._group.handles if handle.rank not in answered]
+        for handle in busy:
+            with contextlib.suppress(OSError):
+                self._group.send(handle.rank, CANCEL)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(handle.pid, signal.SIGINT)
         try:
-            self._group.collect(timeout=grace, failure_grace=grace)
+            self._group.collect([handle.rank for handle in busy], timeout=grace, failure_grace=grace)
         except DistributedRunError as error:
             if _stuck(error):
                 self._restart("ranks did not stop on the interrupt (blocked in a collective?)")

@@ -126,8 +126,9 @@ class RankSupervisor:
         replies, failures = {}, {}
         try:
             return self._collect(ranks, timeout, failure_grace, interrupted, replies, failures)
-        except KeyboardInterrupt:
-            if not self.explain_interrupts:
+        except KeyboardInterrupt as interrupt:
+            if not self.explain_interrupts:  # a session interrupts the ranks that have not answered
+                interrupt.answered = sorted(set(replies) | set(failures))
                 raise
             busy = [self.handles[r] for r in ranks if r not in replies and r not in failures]
             self._add_stacks(busy, failures, f"interrupted after {time.monotonic() - started:.0f} s",

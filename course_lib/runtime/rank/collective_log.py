@@ -12,6 +12,7 @@ a rank waiting in one is seen in its stack instead.
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 
@@ -81,9 +82,10 @@ def records() -> list:
     """This rank's recorded collectives, oldest first, as plain dicts:
     {"group", "seq", "op", "shapes", "dtypes", "done", "where", "in_backward"}; [] when torch records none."""
     dumped = []
-    try:
-        import torch._C._distributed_c10d as c10d
-    except ImportError:
+    # torch registers it as torch._C starts; before that (a spawned rank still importing torch) no
+    # collective was recorded, and importing it here would wait for that import to end (seconds)
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    if c10d is None:
         return []
     for name in ("_dump_fr_trace", "_dump_nccl_trace"):  # gloo's and NCCL's recorders are separate
         dump = getattr(c10d, name, None)

@@ -1,12 +1,14 @@
 """The rank side of a DistributedSession: keep a namespace and serve commands until closed.
 
 Commands run code like a notebook cell (the last expression's value is returned), call
-functions, and get or set names. A SIGINT interrupts the running command only.
+functions, and get or set names. A SIGINT interrupts the running command only; a command the
+launcher cancelled before it started is not run.
 """
 import ast
 import builtins
 import linecache
 import pickle
+import select
 import signal
 
 from ..shared import channel
@@ -16,6 +18,7 @@ from .collective_log import send_records
 
 
 CLOSE = b"close"  # a frame that is not a pickle: the session ends
+CANCEL = b"cancel"  # a frame after a command: do not start it (the launcher sends SIGINT too)
 
 
 class SessionLoop:
@@ -26,6 +29,7 @@ class SessionLoop:
         self.namespace = {"__name__": "__main__", "__builtins__": builtins, "rank": spec.rank,
                           "world_size": spec.world_size, "torch": torch, "dist": dist}
         self.running = False
+        self.control = pipes.control
         signal.signal(signal.SIGINT, self._on_interrupt)
         channel.send(pipes.messages, (OK, "ready"))
         while True:
@@ -35,6 +39,8 @@ class SessionLoop:
                 return  # the launcher closed the session (or died)
             if frame == CLOSE:
                 return
+            if frame == CANCEL:
+                continue  # it came after its command had ended
             reply = self._reply(spec.rank, frame)
             if spec.record_collectives:
                 send_records(pipes.messages)
@@ -52,6 +58,8 @@ class SessionLoop:
             phase = "running"
             self.running = True
             try:
+                if self._cancelled():
+                    raise KeyboardInterrupt
                 value = getattr(self, "_" + command[0])(*command[1:])
             finally:
                 self.running = False
@@ -62,6 +70,18 @@ class SessionLoop:
             return channel.dumps((OK, value))
         except Exception as exc:  # noqa: BLE001
             return channel.dumps((ERROR, error_record("returning", unpicklable_result(rank, value, exc))))
+
+    def _cancelled(self) -> bool:
+        """Whether the launcher cancelled this command before it started. It writes CANCEL, then
+        sends SIGINT; a SIGINT that came before `running` was set was dropped, but the frame, read
+        here once `running` is set, is not. Nothing else follows a command before its reply."""
+        if not select.select([self.control], [], [], 0)[0]:
+            return False
+        self.running = False  # its SIGINT must not cut the frame in two: it is cancelled anyway
+        try:
+            return channel.receive_frame(self.control) == CANCEL
+        finally:
+            self.running = True
 
     def _exec(self, source: str, filename: str):
         """Run source like a cell: statements, then the value of a final expression."""
