@@ -5,6 +5,7 @@ imported under) is refused: the exercise asks the learner to write that part.
 import traceback
 
 from . import GradingError, expect
+from .boundary import crossing
 from .call_watch import calls_of
 from .ranks import without_grader_frames
 
@@ -20,15 +21,20 @@ def call_learner(function, *args, what: str, hint: str = "", written_by_you=None
     learner's own frames of its traceback (never the grader's), and a call of the course's
     `written_by_you` (the exercise's own answer) a GradingError too."""
     watched = [written_by_you] if written_by_you else []
-    try:
-        with calls_of(*watched) as called:
-            result = function(*args)
-    except NotImplementedError:
-        raise  # the @grader decorator turns the stub into advice
-    except Exception as error:
-        frames = without_grader_frames("".join(traceback.format_exception(error)))
-        raise GradingError(what, "a result", f"{type(error).__name__}: {error}"[:300], hint,
-                           f"your function's traceback (the grader's frames left out):\n{frames}") from None
+
+    def run():
+        try:
+            with calls_of(*watched) as called:
+                result = function(*args)
+        except NotImplementedError:
+            raise  # the @grader decorator turns the stub into advice
+        except Exception as error:
+            frames = without_grader_frames("".join(traceback.format_exception(error)))
+            raise GradingError(what, "a result", f"{type(error).__name__}: {error}"[:300], hint,
+                               f"your function's traceback (the grader's frames left out):\n{frames}") from None
+        return result, list(called)
+
+    result, called = crossing(f"call_learner: {what}", run)
     if called:
         name = f"{written_by_you.__module__}.{called[0]}"
         expect(False, what, f"your own {called[0]}", f"a call of {name}",

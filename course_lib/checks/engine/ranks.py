@@ -7,6 +7,7 @@ import os
 import warnings
 
 from . import GradingError
+from .boundary import crossing
 
 _CHECKS = os.path.join(os.sep + "course_lib", "checks", "")  # a grader's frame, wherever installed
 
@@ -16,11 +17,23 @@ LAUNCH_TIMEOUT_S = 60
 def run_on_ranks(fn, *args, nprocs: int = 2, what: str, hang_hint: str,
                  crash_hint: str = "the error is raised in your function: fix it, run its cell again, "
                                    "then the check",
-                 timeout: float = LAUNCH_TIMEOUT_S, **kwargs):
+                 timeout: float = LAUNCH_TIMEOUT_S, learner: bool = True, **kwargs):
     """fn(*args, **kwargs) on `nprocs` gloo ranks, with nothing printed; [result of each rank].
 
     `crash_hint` may be a function of the root cause (a RankFailure) that returns the hint.
+    A launch that runs learner code (`learner`, the default) is a crossing (boundary.py): what each
+    rank returns must be plain data. One that runs only the course's code (a reference) passes
+    learner=False and runs wherever the grader runs.
     """
+    if learner:
+        return crossing(f"run_on_ranks: {what}", lambda: _run_on_ranks(
+            fn, *args, nprocs=nprocs, what=what, hang_hint=hang_hint, crash_hint=crash_hint,
+            timeout=timeout, **kwargs))
+    return _run_on_ranks(fn, *args, nprocs=nprocs, what=what, hang_hint=hang_hint,
+                         crash_hint=crash_hint, timeout=timeout, **kwargs)
+
+
+def _run_on_ranks(fn, *args, nprocs, what, hang_hint, crash_hint, timeout, **kwargs):
     from ...runtime.shared.errors import DistributedRunError
     from ...runtime.launcher.launch import launch
 
