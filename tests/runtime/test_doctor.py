@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.runtime.launcher import doctor
+from course_lib.runtime.launcher import capacity, doctor
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -17,7 +17,8 @@ def test_doctor_reports_this_machine_and_a_timed_test_launch():
                             text=True, timeout=100)
     assert result.returncode == 0, result.stdout + result.stderr
     for item in ("Python", "torch", "CPU cores", "gloo", "/dev/shm", "launch would use",
-                 "test launch (2 ranks, all_reduce)"):
+                 "test launch (2 ranks, all_reduce)", "lesson step (20 DDP steps, 2 ranks)",
+                 "learners this node serves", "This node serves about"):
         assert item in result.stdout
     assert "Ready" in result.stdout
 
@@ -92,3 +93,56 @@ def test_gpus_are_described_without_initialising_cuda_here(monkeypatch):
     monkeypatch.setattr(doctor.subprocess, "run", child)
     assert doctor.gpu_descriptions() == [("NVIDIA H200", 150000000000)] * 2
     assert asked and asked[0][0] == sys.executable
+
+
+@pytest.mark.parametrize("at_once_s, measured, target_s, served", [
+    (1.0, 2, 2.0, 4),   # 2 learners at once took 1 s: 4 at once take about 2 s
+    (0.7, 2, 2.0, 5),   # rounded down: 5.7 learners are 5
+    (5.0, 2, 2.0, 0),   # too slow even for those measured
+    (0.5, 8, 1.0, 16),
+])
+def test_the_learners_served_grow_with_the_target_and_shrink_with_the_time_at_once(at_once_s, measured,
+                                                                                    target_s, served):
+    assert capacity.learners_served(at_once_s, measured, target_s) == served
+
+
+@pytest.fixture
+def measured_without_launching(monkeypatch):
+    ping = [doctor.Finding("test launch (2 ranks, all_reduce)", "0.20 s", "ok")]
+    monkeypatch.setattr(doctor, "_launch_findings", lambda nprocs: ping)
+    asked = []
+
+    def measure(target_s):
+        asked.append(target_s)
+        return capacity.Capacity(0.31, 0.62, 2, capacity.learners_served(0.62, 2, target_s), target_s)
+    monkeypatch.setattr(capacity, "measure", measure)
+    return asked
+
+
+def test_doctor_says_how_many_learners_the_node_serves_and_on_what_assumption(measured_without_launching, capsys):
+    assert doctor.main([]) == 0
+    out = capsys.readouterr().out
+    assert "0.31 s alone, 0.62 s with 2 learners at once" in out
+    assert ("This node serves about 6 learners at <= 2 s per lesson step (20 DDP steps on 2 ranks: 0.31 s "
+            "alone, 0.62 s with 2 learners at once), if every learner runs a lesson step at the same moment") in out
+    assert doctor.main(["--target", "0.5"]) == 0
+    assert "serves about 1 learner at <= 0.5 s per lesson step" in capsys.readouterr().out
+    assert measured_without_launching == [2.0, 0.5]
+
+
+def test_doctor_without_a_launch_measures_no_class(measured_without_launching, capsys):
+    assert doctor.main(["--no-launch"]) == 0
+    assert measured_without_launching == [] and "serves" not in capsys.readouterr().out
+
+
+def test_the_lesson_step_trains_the_courses_model():
+    from course_lib import make_model
+
+    shapes = lambda model: [tuple(p.shape) for p in model.parameters()]  # noqa: E731
+    assert shapes(capacity.lesson_model()) == shapes(make_model())
+
+
+@pytest.mark.slow  # K learners each launching 2 ranks, forked from this process
+def test_learners_at_once_each_time_their_own_lesson_steps():
+    seconds = capacity.lesson_steps_at_once(2, rounds=1)
+    assert len(seconds) == 2 and all(0 < s < 60 for s in seconds)

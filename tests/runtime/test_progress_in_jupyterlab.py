@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # JupyterLab in a bro
 BAR = re.compile(r"\[rank0\] ddp x2:\s+(\d+)%\|")
 COURSE_SETTINGS = os.path.join("jupyter", "course-lib-settings.json")
 NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"  # JupyterLab 4's first-run toast
+LESSONS_AT_ONCE = 2  # lessons open side by side: one kernel starts while the other imports torch
 SLOW_DATA = """\
 import time
 from torch.utils.data import Dataset
@@ -216,32 +217,38 @@ def test_a_learner_sees_live_progress_rank_labels_and_errors_in_jupyterlab(jupyt
 
 
 def test_every_lesson_opens_with_its_kernel_and_its_first_cell_runs(jupyterlab):
-    """As a learner opens a lesson: no dialog to answer, the kernel starts, the imports run."""
+    """As a learner opens a lesson: no dialog to answer, the kernel starts, the imports run.
+
+    Two lessons at a time (a page each), so that one kernel starts while the other imports torch."""
     from playwright.sync_api import sync_playwright
 
     chromium, base, token, folder = jupyterlab
-    lessons = sorted(os.listdir(os.path.join(REPO, "lessons")))
+    lessons = [name for name in sorted(os.listdir(os.path.join(REPO, "lessons"))) if name.endswith(".ipynb")]
     shutil.copytree(os.path.join(REPO, "lessons"), folder / "lessons")  # JupyterLab may write to what it opens
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
-            for lesson in (name for name in lessons if name.endswith(".ipynb")):
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            for pair in (lessons[i:i + LESSONS_AT_ONCE] for i in range(0, len(lessons), LESSONS_AT_ONCE)):
+                pages = {lesson: browser.new_page(viewport={"width": 1400, "height": 1000}) for lesson in pair}
                 try:
-                    # A workspace of its own: JupyterLab would otherwise reopen the lessons before it.
-                    page.goto(f"{base}/lab/workspaces/{lesson[:2]}/tree/lessons/{lesson}?token={token}")
-                    page.get_by_text(re.compile(r"\| Idle$")).wait_for(timeout=60_000)
-                    assert page.locator(".jp-Dialog").count() == 0, f"{lesson}: a dialog asks something"
-                    assert page.get_by_text(NEWS_PROMPT).count() == 0, f"{lesson}: JupyterLab asks about news"
-                    first = page.locator(".jp-Notebook .jp-CodeCell").first
-                    first.click()
-                    page.keyboard.press("Shift+Enter")
-                    first.locator(".jp-InputPrompt", has_text="[1]:").wait_for(timeout=60_000)
-                    errors = first.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-                    assert "Error" not in " ".join(errors.all_inner_texts()), f"{lesson}: {errors.all_inner_texts()}"
+                    for lesson, page in pages.items():
+                        # A workspace of its own: JupyterLab would otherwise reopen the lessons before it.
+                        page.goto(f"{base}/lab/workspaces/{lesson[:2]}/tree/lessons/{lesson}?token={token}")
+                    for lesson, page in pages.items():
+                        page.get_by_text(re.compile(r"\| Idle$")).wait_for(timeout=60_000)
+                        assert page.locator(".jp-Dialog").count() == 0, f"{lesson}: a dialog asks something"
+                        assert page.get_by_text(NEWS_PROMPT).count() == 0, f"{lesson}: JupyterLab asks about news"
+                        page.locator(".jp-Notebook .jp-CodeCell").first.click()
+                        page.keyboard.press("Shift+Enter")
+                    for lesson, page in pages.items():
+                        first = page.locator(".jp-Notebook .jp-CodeCell").first
+                        first.locator(".jp-InputPrompt", has_text="[1]:").wait_for(timeout=60_000)
+                        errors = first.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+                        assert "Error" not in " ".join(errors.all_inner_texts()), f"{lesson}: {errors.all_inner_texts()}"
                 finally:
-                    page.screenshot(path=str(folder / f"{lesson}.png"))
-                    page.close()
+                    for lesson, page in pages.items():
+                        page.screenshot(path=str(folder / f"{lesson}.png"))
+                        page.close()
                     _shut_down_kernels(base, token)
         finally:
             browser.close()

@@ -1,7 +1,7 @@
 """`python -m course_lib doctor`: can this machine run the course, and how will it run?
 
-Prints a table (Python, torch, GPUs, backends, /dev/shm, cores, a timed 2-rank launch) and exits
-non-zero when something the course needs is missing.
+Prints a table (Python, torch, GPUs, backends, /dev/shm, cores, a timed 2-rank launch, how many
+learners the node serves) and exits non-zero when something the course needs is missing.
 """
 import argparse
 import json
@@ -12,9 +12,10 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Tuple
 
 from ..shared import env
+from . import capacity
 
 # The versions the whole test suite has passed on (README, "Run every test"): MIN_TORCH is
 # pyproject.toml's lower bound; CI runs the pinned CPU build and the newest release on every change.
@@ -132,6 +133,22 @@ def _launch_findings(nprocs: int) -> List[Finding]:
     return found
 
 
+def class_findings(target_s: float = capacity.TARGET_S) -> Tuple[List[Finding], str]:
+    """A lesson step alone and with K learners at once (seconds): how many learners the node
+    serves, as table rows and the sentence that states the assumption."""
+    try:
+        measured = capacity.measure(target_s)
+    except (RuntimeError, ValueError) as error:
+        return [Finding("learners this node serves", "not measured", f"note: {str(error).splitlines()[0]}")], ""
+    return [Finding(f"lesson step ({capacity.DDP_STEPS} DDP steps, 2 ranks)",
+                    f"{measured.alone_s:.2f} s alone, {measured.at_once_s:.2f} s with {measured.measured} "
+                    f"learners at once", "ok"),
+            Finding("learners this node serves", f"about {measured.learners} at <= {target_s:g} s a step",
+                    "ok" if measured.learners >= 1 else
+                    f"note: a lesson step takes over {target_s:g} s with {measured.measured} learners at once")
+            ], capacity.sentence(measured)
+
+
 def diagnose(nprocs: int = 2, test_launch: bool = True) -> List[Finding]:
     findings = _machine_findings()
     try:
@@ -152,10 +169,18 @@ def format_table(findings: List[Finding]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", type=int, default=2, help="ranks for the test launch (default 2)")
-    parser.add_argument("--no-launch", action="store_true", help="skip the timed test launch")
+    parser.add_argument("--no-launch", action="store_true",
+                        help="skip the timed test launch and the learners this node serves (seconds)")
+    parser.add_argument("--target", type=float, default=capacity.TARGET_S, metavar="SECONDS",
+                        help=f"the most a lesson step may take (default {capacity.TARGET_S:g})")
     args = parser.parse_args(argv)
-    findings = diagnose(args.nprocs, not args.no_launch)
+    findings, served = diagnose(args.nprocs, not args.no_launch), ""
+    if not args.no_launch and not any(f.status.startswith("FAIL") for f in findings):
+        more, served = class_findings(args.target)
+        findings += more
     print(format_table(findings))
+    if served:
+        print("\n" + served)
     failed = [f for f in findings if f.status.startswith("FAIL")]
     warned = [f for f in findings if f.status.startswith("WARN")]
     print("\n" + ("This machine cannot run the course yet: fix the FAIL lines above." if failed

@@ -2,6 +2,7 @@
 
 The same choices serve `launch`, the trainers and `python -m course_lib doctor`.
 """
+import math
 import multiprocessing
 import os
 import random
@@ -12,10 +13,78 @@ BACKENDS = ("nccl", "gloo", "mpi", "ucc")
 
 
 def cpu_cores() -> int:
+    """The cores this process may use: its CPU affinity (taskset, a batch system's cpuset), lowered
+    by a cgroup CPU quota (a container's limit, a JupyterHub spawner's cpu_limit), rounded up.
+
+    On a shared node this is the learner's share, not the machine: os.cpu_count() counts every core.
+    """
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_limit()
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup",
+                     mountinfo: str = "/proc/self/mountinfo") -> Optional[float]:
+    """Cores' worth of CPU time this process's cgroup and its parents allow (quota / period), or
+    None where none is set: cgroup v2's cpu.max ("max 100000" is none), v1's cpu.cfs_quota_us (-1)."""
+    try:
+        with open(proc_cgroup) as file:
+            lines = [line.rstrip("\n").split(":", 2) for line in file if line.count(":") >= 2]
+        with open(mountinfo) as file:
+            mounts = [line.split() for line in file]
+    except OSError:
+        return None
+    limits = []
+    for _, controllers, path in lines:
+        version = 2 if controllers == "" else 1 if "cpu" in controllers.split(",") else None
+        mount_point, folder = _cgroup_folder(mounts, version, path) if version else (None, None)
+        while folder is not None:  # the cgroup, then each parent up to the hierarchy's root
+            limits.append(_quota_in(folder, version))
+            folder = os.path.dirname(folder) if _within(folder, mount_point) and folder != mount_point else None
+    limits = [limit for limit in limits if limit is not None]
+    return min(limits) if limits else None
+
+
+def _cgroup_folder(mounts, version: int, path: str) -> Tuple[Optional[str], Optional[str]]:
+    """(mount point, folder) of cgroup `path` in its hierarchy (the mount point itself where the
+    mount is a container's own view, which does not show the path)."""
+    for fields in mounts:
+        if "-" not in fields:
+            continue
+        after = fields[fields.index("-") + 1:]
+        if len(after) < 3 or len(fields) < 5:
+            continue
+        fstype, options = after[0], after[2].split(",")
+        if (version == 2 and fstype == "cgroup2") or (version == 1 and fstype == "cgroup" and "cpu" in options):
+            mount_root, mount_point = fields[3], fields[4]
+            inside = os.path.relpath(path, mount_root) if _within(path, mount_root) else "."
+            folder = os.path.normpath(os.path.join(mount_point, inside))
+            return mount_point, folder if os.path.isdir(folder) else mount_point
+    return None, None
+
+
+def _within(path: str, folder: str) -> bool:
+    return folder == "/" or path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _quota_in(folder: str, version: int) -> Optional[float]:
+    try:
+        if version == 2:
+            with open(os.path.join(folder, "cpu.max")) as file:
+                quota, period = file.read().split()[:2]
+        else:
+            with open(os.path.join(folder, "cpu.cfs_quota_us")) as file:
+                quota = file.read().strip()
+            with open(os.path.join(folder, "cpu.cfs_period_us")) as file:
+                period = file.read().strip()
+        if quota == "max" or int(quota) <= 0 or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
 
 
 def gpu_count() -> int:
@@ -82,16 +151,19 @@ def choose_start_method(requested: Optional[str] = None) -> Tuple[str, str]:
 
 
 def threads_per_rank(nprocs: int, start_method: str) -> int:
-    """Intra-op threads for each rank.
+    """Intra-op threads for each rank: the learner's cores (`cpu_cores`), or OMP_NUM_THREADS where
+    set lower (a hub may set it as each learner's share), divided among the ranks.
 
     A forked rank must use one: once the parent has used torch's OpenMP pool, a forked child that
     runs an op on several threads hangs forever. A spawned rank may share the cores.
     """
     if start_method == "fork":
         return 1
-    share = max(1, cpu_cores() // max(1, nprocs))
-    limit = os.environ.get("OMP_NUM_THREADS", "")
-    return min(share, int(limit)) if limit.isdigit() and int(limit) > 0 else share
+    cores = cpu_cores()
+    limit = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if limit.isdigit() and int(limit) > 0:
+        cores = min(cores, int(limit))
+    return max(1, cores // max(1, nprocs))
 
 
 def device_for_rank(local_rank: int = None, backend: Optional[str] = None):
