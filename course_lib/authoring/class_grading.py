@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import json
 import os
+import secrets
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
@@ -40,20 +41,25 @@ def file_sha256(path: Path) -> str:
 
 def grade_class(solution: Path, submissions, *, timeout_s: float = grading.DEFAULT_TIMEOUT_S,
                 cell_timeout_s: float = grading.DEFAULT_CELL_TIMEOUT_S, jobs: int = 1,
-                sandbox=None, state: Path = None, resume: bool = False, on_graded=None) -> list:
+                sandbox=None, state: Path = None, resume: bool = False, on_graded=None,
+                seed_offset: int = None) -> list:
     """A LearnerGrade per submission that has a notebook, in the order of `submissions`: graded
     `jobs` at a time, each appended to `state` as it finishes (with `resume`, those already
-    there are kept and not graded again). `on_graded(grade, done, total)` follows progress."""
+    there are kept and not graded again). `on_graded(grade, done, total)` follows progress.
+    Each submission is judged on inputs of its own (a seed offset drawn for it, kept in its
+    grade, and drawn again the same on --resume), or all on `seed_offset` when given."""
     gradable = [submission for submission in submissions if submission.notebook is not None]
     journal = StateFile(state, solution) if state else None
     kept = journal.start(resume) if journal else {}
-    grades, pending = {}, []
+    grades, pending, offsets = {}, [], {}
     for submission in gradable:
         earlier = kept.get(submission.learner)
         if earlier is not None and earlier.sha256 == file_sha256(submission.notebook):
             grades[submission.learner] = earlier
         else:
             pending.append(submission)
+            offsets[submission.learner] = (seed_offset or getattr(earlier, "seed_offset", 0)
+                                           or 1 + secrets.randbelow(grading.SEED_OFFSETS))
     threads, roles = threads_per_job(jobs), cell_roles(solution)
 
     def finish(grade: LearnerGrade, crashed: bool) -> None:
@@ -64,7 +70,8 @@ def grade_class(solution: Path, submissions, *, timeout_s: float = grading.DEFAU
             on_graded(grade, len(grades), len(gradable))
 
     def run(submission):
-        return _grade_one(submission, solution, timeout_s, cell_timeout_s, sandbox, threads, roles)
+        return _grade_one(submission, solution, timeout_s, cell_timeout_s, sandbox, threads, roles,
+                          offsets[submission.learner])
 
     if on_graded and grades:
         on_graded(None, len(grades), len(gradable))
@@ -86,18 +93,18 @@ def grade_class(solution: Path, submissions, *, timeout_s: float = grading.DEFAU
     return [grades[submission.learner] for submission in gradable]
 
 
-def _grade_one(submission, solution, timeout_s, cell_timeout_s, sandbox, threads, roles):
+def _grade_one(submission, solution, timeout_s, cell_timeout_s, sandbox, threads, roles, seed_offset):
     """(LearnerGrade, crashed): the grade of one submission, in its own process (and sandbox)."""
     sha256 = file_sha256(submission.notebook)
     try:
         result = grading.grade(submission.notebook, solution, timeout_s, cell_timeout_s,
-                               sandbox=sandbox, threads=threads)
+                               sandbox=sandbox, threads=threads, seed_offset=seed_offset)
     except Exception as error:  # the grader failed, not the learner: say so, retry on --resume
         crashed = LearnerGrade(submission.learner, str(submission.notebook), ERROR,
                                notes=list(submission.notes) + [
                                    f"grading crashed ({type(error).__name__}: {error}); "
                                    f"run again with --resume to grade it again"],
-                               graded_at=_now(), sha256=sha256)
+                               graded_at=_now(), sha256=sha256, seed_offset=seed_offset)
         return crashed, True
     return learner_grade(submission.learner, result, submission.notes, _now(), sha256, roles), False
 

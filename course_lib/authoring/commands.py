@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import (build, class_grading, exports, gradebook, grading, pacing, run_solutions, sandbox,
-               slurm_run, submissions)
+               slurm_grading, slurm_run, submissions)
 from .cells import exercise_name, is_check_cell, is_exercise_cell
 from .layout import SOLUTIONS, course_notebooks, find_course_root, find_lesson, matches_numbers
 
@@ -35,6 +35,7 @@ def check_main(argv) -> int:
                         help=f"seconds one cell may take before it is interrupted and fails "
                              f"(default {grading.DEFAULT_CELL_TIMEOUT_S:g})")
     _add_sandbox_arguments(parser)
+    _add_class_slurm_arguments(parser)
     args = parser.parse_args(argv)
     try:
         root = find_course_root()
@@ -84,7 +85,7 @@ def _sandbox_limits(args):
         print("warning: --no-sandbox: each submission runs as you, with your files, environment "
               "and network", file=sys.stderr)
         return None
-    missing = sandbox.why_unavailable()
+    missing = "" if args.slurm else sandbox.why_unavailable()  # the nodes grade: each task checks
     if missing:
         raise LookupError(f"cannot grade a class sealed here: {missing}; or, knowing that "
                           f"learners' code then runs as you, add --no-sandbox")
@@ -130,9 +131,14 @@ def _grade_class(solution: Path, args) -> int:
     roster = gradebook.read_roster(args.roster) if args.roster else None
     found = submissions.find_submissions(args.submissions, solution.name)
     with _progress_bar(sum(item.notebook is not None for item in found), solution.stem) as follow:
-        grades = class_grading.grade_class(
-            solution, found, timeout_s=args.timeout, cell_timeout_s=args.cell_timeout,
-            jobs=args.jobs, sandbox=limits, state=state, resume=args.resume, on_graded=follow)
+        if args.slurm:
+            grades = _grade_class_on_slurm(solution, found, args, limits, state, follow)
+            if grades is None:
+                return 130
+        else:
+            grades = class_grading.grade_class(
+                solution, found, timeout_s=args.timeout, cell_timeout_s=args.cell_timeout,
+                jobs=args.jobs, sandbox=limits, state=state, resume=args.resume, on_graded=follow)
     rows = gradebook.gradebook_rows(grades, found, solution.name, points, roster)
     print_gradebook(rows, points)
     strangers = [row.learner for row in rows if not row.in_roster]
@@ -151,6 +157,44 @@ def _grade_class(solution: Path, args) -> int:
             print(f"warning: Gradescope matches learners by email, and the roster gives none for "
                   f"{', '.join(unmatched)}: add an email column to --roster", file=sys.stderr)
     return 0 if all(row.total == row.maximum for row in rows) else 1
+
+
+def _add_class_slurm_arguments(parser) -> None:
+    array = parser.add_argument_group("a class through SLURM (with SUBMISSIONs and --csv or --json)")
+    array.add_argument("--slurm", action="store_true",
+                       help="submit the class as a SLURM job array (a task per --chunk learners, "
+                            "--jobs at a time in each, on 2 x --jobs CPUs), follow it, and merge "
+                            "its grades into the gradebook; the class folder, the gradebook's "
+                            "folder and this Python must be on storage the nodes see")
+    array.add_argument("--chunk", type=int, default=1, metavar="K",
+                       help="learners per array task (default 1)")
+    array.add_argument("--partition", help="the SLURM partition (default: the site's)")
+    array.add_argument("--time", metavar="HH:MM:SS",
+                       help="each task's time limit (default: --timeout for each of its learners "
+                            "in turn, plus 5 minutes)")
+    array.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
+                       help="an sbatch option passed through as it is, e.g. "
+                            "--sbatch-option=--account=course (repeat it)")
+
+
+def _grade_class_on_slurm(solution: Path, found, args, limits, state, follow):
+    """The --slurm path of a class: its grades, or None after Ctrl-C (the arrays cancelled)."""
+    if state is None or args.chunk < 1:
+        raise LookupError("--slurm needs --csv FILE (or --json FILE), whose .state.jsonl the "
+                          "tasks' grades are merged into, and --chunk 1 or more")
+    request = slurm_grading.ArrayRequest(args.partition, args.time, args.chunk, args.jobs,
+                                         tuple(args.sbatch_option))
+    try:
+        return slurm_grading.grade_class_on_slurm(
+            solution, found, request, state=state, resume=args.resume, timeout_s=args.timeout,
+            cell_timeout_s=args.cell_timeout, sandbox=limits, on_graded=follow,
+            say=lambda line: print(line, flush=True))
+    except slurm_run.SlurmError as error:
+        raise LookupError(f"check --slurm: {error}") from None
+    except KeyboardInterrupt:
+        print(f"interrupted: cancelled the class's SLURM jobs; the grades given so far are in "
+              f"{state}, and --resume grades the rest", file=sys.stderr)
+        return None
 
 
 @contextlib.contextmanager
@@ -178,22 +222,26 @@ def print_grade(result) -> bool:
     if result.problem:
         print(f"  error  {result.problem}")
         return False
+    verdicts, solved = result.verdicts or {}, 0
     for cell in result.results:
+        passed, message = cell.passed, cell.message
         if is_check_cell(cell.cell):
             name = exercise_name(cell.cell)
-            print(f"  {'PASS' if cell.passed else 'FAIL'}  {name}")
+            if name in verdicts:  # the judge's verdict (judge.py), not the kernel's output
+                passed, message = verdicts[name].passed, verdicts[name].message
+            solved += passed
+            print(f"  {'PASS' if passed else 'FAIL'}  {name}")
             if name in result.notes:
                 print(f"        note: {result.notes[name]}")
-        elif not cell.passed:
+        elif not passed:
             role = "exercise" if is_exercise_cell(cell.cell) else "setup"
             print(f"  note  {role} cell (code cell {cell.index}) failed:")
-        if not cell.passed:
-            print("\n".join("        " + line for line in cell.message.splitlines()))
-    for note in result.ignored:
+        if not passed:
+            print("\n".join("        " + line for line in message.splitlines()))
+    for note in [*result.ignored, *result.findings]:
         print(f"  note  {note}")
-    solved = sum(cell.passed for cell in result.checks)
     print(f"{solved} of {len(result.checks)} exercises pass.")
-    return all(cell.passed for cell in result.results)
+    return solved == len(result.checks) and all(cell.passed for cell in result.results)
 
 
 def print_gradebook(rows, points: dict) -> None:

@@ -34,6 +34,7 @@ class LearnerGrade:
     seconds: float = 0.0
     sealed: bool = False                           # graded inside a sandbox
     sha256: str = ""                               # of the submission, so --resume sees a change
+    seed_offset: int = 0                           # the grading-time inputs it was judged on
 
 
 @dataclass
@@ -82,7 +83,8 @@ def learner_grade(learner: str, grade, notes=(), graded_at: str = "", sha256: st
     roles = roles or {}
     result = LearnerGrade(learner, str(grade.notebook), GRADED, notes=list(notes),
                           graded_at=graded_at, seconds=round(grade.seconds, 1),
-                          sealed=bool(getattr(grade, "sealed", False)), sha256=sha256)
+                          sealed=bool(getattr(grade, "sealed", False)), sha256=sha256,
+                          seed_offset=getattr(grade, "seed_offset", 0))
     if grade.problem and not grade.results:
         result.status = ERROR
         result.notes.append(f"not graded: {grade.problem}"[:MAX_FEEDBACK])
@@ -94,12 +96,13 @@ def learner_grade(learner: str, grade, notes=(), graded_at: str = "", sha256: st
                 failed_before.append(cell)
             continue
         name = exercise_name(cell.cell)
-        result.passed[name] = cell.passed
+        passed, message = _verdict(grade, name, cell, result.notes)
+        result.passed[name] = passed
         lines = [f"{_which(earlier, roles)} failed: {earlier.message}" for earlier in failed_before]
         if lines:
-            lines.append("then its check: " + (cell.message if not cell.passed else "passed"))
+            lines.append("then its check: " + (message if not passed else "passed"))
         else:
-            lines.append("passed" if cell.passed else cell.message)
+            lines.append("passed" if passed else message)
         if name in grade.notes:
             lines.append(f"note: {grade.notes[name]}")
         result.feedback[name] = "\n".join(lines)[:MAX_FEEDBACK]
@@ -107,9 +110,27 @@ def learner_grade(learner: str, grade, notes=(), graded_at: str = "", sha256: st
     result.notes += [f"{_which(cell, roles)} failed after the last check: {cell.message}"[:MAX_FEEDBACK]
                      for cell in failed_before]
     result.notes += list(grade.ignored)
+    result.notes += [f"copied or reached the course's answers: {finding}"[:MAX_FEEDBACK]
+                     for finding in getattr(grade, "findings", ())]
     if grade.problem:
         result.notes.append(grade.problem[:MAX_FEEDBACK])
     return result
+
+
+def _verdict(grade, name: str, cell, notes: list) -> tuple:
+    """(passed, message) of a check: the judge's verdict (judge.py), the notebook's own check
+    cell's only where there is no judge (a Grade made before it)."""
+    verdicts = getattr(grade, "verdicts", None)
+    if verdicts is None or name not in verdicts:
+        return cell.passed, cell.message
+    verdict = verdicts[name]
+    if verdict.grader_fault:
+        notes.append(f"{name}: the grader could not judge it (a bug of the course's, report it): "
+                     f"{verdict.message}"[:MAX_FEEDBACK])
+    elif cell.passed and not verdict.passed:
+        notes.append(f"{name}: passed in the notebook's own kernel, failed when judged apart from "
+                     f"it; look at the notebook"[:MAX_FEEDBACK])
+    return verdict.passed, verdict.message
 
 
 def _which(cell, roles) -> str:

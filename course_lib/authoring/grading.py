@@ -7,6 +7,7 @@ and commands.py prints it for `python -m course_lib check`.
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -23,9 +24,10 @@ import nbformat
 from ..checks.engine import FAILED_MARK
 from ..runtime.shared.process_group import signal_group
 from .cells import is_check_cell, is_code
+from .judge import judge_grade, recording_variables
 from .layout import SOLUTIONS
 from .restore import restore_check_cells
-from .sandbox import FOLDER, GRADING, PYTHON, Sandbox
+from .sandbox import FOLDER, GRADING, PYTHON, RECORD, Sandbox
 from .sanitize import write_sanitize_file
 from .scrub import uncolored
 
@@ -43,6 +45,7 @@ FILES_BESIDE = {"14_capstone.ipynb": ("train_ddp.py",)}
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                     "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 KERNEL_NAME = "course-graded"  # our kernelspec: this Python, the folder's files never on sys.path
+SEED_OFFSETS = 2**20  # a grading's inputs: seeds shifted by one of these, drawn per submission
 
 
 @dataclass
@@ -66,6 +69,9 @@ class Grade:
     seconds: float = 0.0
     problem: str = ""                             # the notebook could not be graded at all
     sealed: bool = False                          # graded inside a sandbox
+    verdicts: dict = None                         # {exercise: record.Verdict}: the grade (judge.py)
+    seed_offset: int = 0                          # the grading-time inputs the verdicts judged
+    findings: list = field(default_factory=list)  # copy_detection's, for the instructor
 
     @property
     def checks(self) -> list:
@@ -82,15 +88,22 @@ def run_nbval(notebook: Path, timeout_s: float = DEFAULT_TIMEOUT_S, sanitize_fil
     CellResult per code cell, in order. A cell past `cell_timeout_s` is interrupted and fails;
     the notebook past `timeout_s` raises GradingRunError. With `sandbox` (a sandbox.Limits), in
     a sandbox: the notebook's folder is copied into it, `env` is all it has of ours."""
+    return _nbval(notebook, timeout_s, sanitize_file, cell_timeout_s, env, sandbox)[0]
+
+
+def _nbval(notebook, timeout_s, sanitize_file, cell_timeout_s, env, sandbox) -> tuple:
+    """run_nbval's CellResults, and the checks' record the sandbox copied out (b"" unsealed)."""
     notebook = Path(notebook).resolve()
     code_cells = [cell for cell in nbformat.read(notebook, as_version=4).cells if is_code(cell)]
     with tempfile.TemporaryDirectory(prefix="course-grade-") as scratch:
         grader = Path(scratch) / "grader"
         _write_grader_files(grader, sanitize_file, isolated=sandbox is not None)
+        record = b""
         if sandbox is None:
             outcomes, output = _run_here(notebook, grader, timeout_s, cell_timeout_s, env)
         else:
-            outcomes, output = _run_sealed(notebook, grader, timeout_s, cell_timeout_s, env, sandbox)
+            outcomes, output, record = _run_sealed(notebook, grader, timeout_s, cell_timeout_s,
+                                                   env, sandbox)
     if output is None:
         raise GradingRunError(f"{notebook.name} took over {timeout_s:g} s under nbval; "
                               f"look for a cell that hangs")
@@ -99,7 +112,7 @@ def run_nbval(notebook: Path, timeout_s: float = DEFAULT_TIMEOUT_S, sanitize_fil
                   if "unrecognized arguments: --nbval" in output else "")
         raise GradingRunError(f"nbval could not run {notebook.name}:\n{advice}{output[-2000:]}")
     return [CellResult(index, cell, *outcomes.get(index, (False, "not run by nbval")))
-            for index, cell in enumerate(code_cells)]
+            for index, cell in enumerate(code_cells)], record
 
 
 def nbval_arguments(notebook: str, grader: str, cell_timeout_s: float, report: str) -> list:
@@ -149,8 +162,8 @@ def _run_sealed(notebook: Path, grader: Path, timeout_s, cell_timeout_s, env, li
         command = box.command("pytest", *nbval_arguments(
             f"{FOLDER}/{notebook.name}", inside, cell_timeout_s, "{result}"))
         output = run_with_deadline(command, grader, timeout_s, pass_fds=box.pass_fds)
-        report = box.result()
-    return read_junit(report), output
+        report, record = box.result(), box.record()
+    return read_junit(report), output, record
 
 
 def run_with_deadline(command, folder: Path, timeout_s: float, env=None, pass_fds=()):
@@ -237,13 +250,19 @@ def course_solution(notebook: Path, root: Path) -> Path:
 
 def grade(submission: Path, solution: Path, timeout_s: float = DEFAULT_TIMEOUT_S,
           cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S, sanitize_file=None, *, sandbox=None,
-          threads=None) -> Grade:
+          threads=None, seed_offset: int = None) -> Grade:
     """Grade `submission` with the check cells of `solution`, in a folder of its own with the
     files its lesson reads beside it. With `sandbox` (a sandbox.Limits), sealed in a sandbox with
     none of this process's environment; without, with it but its own TMPDIR. `threads`: the
-    intra-op threads it may use (None: the thread variables set here, if any)."""
+    intra-op threads it may use (None: the thread variables set here, if any).
+
+    Either way the verdicts are the judge's (judge.py): the kernel records each check on inputs
+    shifted by `seed_offset` (None: one drawn now), and the solution's checks are replayed here
+    from that record; nbval's results are the learner's feedback on the other cells."""
     started = time.monotonic()
-    result = Grade(Path(submission), sealed=sandbox is not None)
+    if seed_offset is None:
+        seed_offset = 1 + secrets.randbelow(SEED_OFFSETS)
+    result = Grade(Path(submission), sealed=sandbox is not None, seed_offset=seed_offset)
     with tempfile.TemporaryDirectory(prefix="course-submission-") as folder:
         folder = Path(folder)
         try:
@@ -251,21 +270,26 @@ def grade(submission: Path, solution: Path, timeout_s: float = DEFAULT_TIMEOUT_S
         except Exception as error:  # not JSON, not a notebook: a grade of its own, not a crash
             result.problem = f"{Path(submission).name} is not a readable notebook ({error})"[:300]
             return result
-        restored = restore_check_cells(learner_notebook, nbformat.read(solution, as_version=4))
+        solution_notebook = nbformat.read(solution, as_version=4)
+        restored = restore_check_cells(learner_notebook, solution_notebook)
         result.notes, result.ignored = restored.notes, restored.ignored
         _copy_lesson_files(Path(submission), folder, solution.name)
         graded = folder / solution.name
         nbformat.write(restored.notebook, graded)
+        record_here = folder / ".record" / "checks.pt"
+        env = dict(thread_variables(threads),
+                   **recording_variables(seed_offset, RECORD if sandbox else record_here))
         if sandbox is None:
             (folder / "tmp").mkdir()
-            env = dict(os.environ, TMPDIR=str(folder / "tmp"), **thread_variables(threads))
-        else:
-            env = thread_variables(threads)
+            record_here.parent.mkdir()
+            env = dict(os.environ, TMPDIR=str(folder / "tmp"), **env)
+        record = b""
         try:
-            result.results = run_nbval(graded, timeout_s, sanitize_file, cell_timeout_s, env,
-                                       sandbox=sandbox)
+            result.results, record = _nbval(graded, timeout_s, sanitize_file, cell_timeout_s, env,
+                                            sandbox)
         except GradingRunError as error:
             result.problem = str(error)
+        judge_grade(result, learner_notebook, solution_notebook, record if sandbox else record_here)
     result.seconds = time.monotonic() - started
     return result
 

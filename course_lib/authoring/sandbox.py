@@ -19,6 +19,7 @@ from pathlib import Path
 GiB = 2**30
 FOLDER = "/learner"              # the private folder: the working directory, HOME and TMPDIR in it
 HOME, TMPDIR = f"{FOLDER}/.home", f"{FOLDER}/.tmp"
+RECORD = f"{FOLDER}/.record/checks.pt"  # the checks' record (checks/engine/record.py), copied out
 GRADING = "/grading"             # read-only: what is copied in (in/), the grader's own files
 HOSTNAME = "grading"
 PYTHON = os.path.normpath(os.path.abspath(sys.executable))  # no `..` through folders not bound
@@ -95,7 +96,8 @@ class Sandbox:
         self._scratch = tempfile.TemporaryDirectory(prefix="course-sandbox-")
         self.scratch = Path(self._scratch.name)
         self._result = tempfile.TemporaryFile(dir=self.scratch)
-        self.pass_fds = (self._result.fileno(),)
+        self._record = tempfile.TemporaryFile(dir=self.scratch)
+        self.pass_fds = (self._result.fileno(), self._record.fileno())
         self._write_system_files()
         for folder in (self.inputs, *self.readable.values()):
             _let_all_read(Path(folder))
@@ -103,12 +105,18 @@ class Sandbox:
 
     def __exit__(self, *exc):
         self._result.close()
+        self._record.close()
         self._scratch.cleanup()
 
     def result(self) -> bytes:
         """What the module wrote to the path `{result}` stood for in its arguments."""
         self._result.seek(0)
         return self._result.read()
+
+    def record(self) -> bytes:
+        """What the kernel left at RECORD (b"" if nothing), copied out as the sandbox ended."""
+        self._record.seek(0)
+        return self._record.read()
 
     def command(self, module: str, *arguments) -> list:
         """bwrap, then sandbox_entry, then `python -m module arguments` in the entry's process;
@@ -119,8 +127,10 @@ class Sandbox:
                  "--cpu", str(limits.cpu_seconds), "--processes", str(limits.processes),
                  "--file-bytes", str(limits.file_bytes), "--inputs", f"{GRADING}/in",
                  "--result-fd", str(self.pass_fds[0]),
+                 "--record", RECORD, "--record-fd", str(self.pass_fds[1]),
                  *[item for folder in (FOLDER, "/tmp", "/dev/shm") for item in ("--folder", folder)],
-                 *[item for folder in (HOME, TMPDIR) for item in ("--make", folder)]]
+                 *[item for folder in (HOME, TMPDIR, os.path.dirname(RECORD))
+                   for item in ("--make", folder)]]
         # the fresh folders first: a Python under /tmp is bound into the sandbox's own /tmp
         mounts = [*self._fresh_folders(), *self._system(), *self._python(), *self._grading()]
         return ["bwrap", *self._namespaces(), *_with_parents(mounts), *self._environment(),

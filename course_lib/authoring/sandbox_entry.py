@@ -9,10 +9,12 @@ import os
 import resource
 import runpy
 import shutil
+import stat
 import sys
 
 PR_SET_DUMPABLE = 4
 RESULT = "{result}"  # in MODULE's arguments: a path to a file only this process can open
+MAX_RECORD_BYTES = 256 * 2**20  # checks.engine.record_file's limit: a bigger record is not copied
 
 
 def main(argv=None) -> int:
@@ -34,6 +36,8 @@ def main(argv=None) -> int:
         with os.fdopen(args.result_fd, "wb", closefd=False) as out, \
                 os.fdopen(result, "rb") as written:
             shutil.copyfileobj(written, out)
+    if args.record_fd is not None:
+        _copy_record(args.record, args.record_fd)
     return code
 
 
@@ -49,6 +53,8 @@ def _parse(argv):
                         help="the private folder first, then the other writable ones")
     parser.add_argument("--make", action="append", default=[])
     parser.add_argument("--result-fd", type=int)
+    parser.add_argument("--record", help="a file the module's kernel writes, copied to --record-fd")
+    parser.add_argument("--record-fd", type=int)
     split = argv.index("--")
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
@@ -84,6 +90,18 @@ def _prctl(option: int, value: int) -> None:
 def _copy_inputs(inputs: str, folder: str) -> None:
     for name in sorted(os.listdir(inputs)):
         shutil.copy(os.path.join(inputs, name), os.path.join(folder, name))
+
+
+def _copy_record(path: str, fd: int) -> None:
+    """The checks' record (checks/engine/record.py), if the kernel left one: a regular file (no
+    link, no FIFO to block on) of at most MAX_RECORD_BYTES, else nothing; the judge reads it."""
+    try:
+        source = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    with os.fdopen(source, "rb") as record, os.fdopen(fd, "wb", closefd=False) as out:
+        if stat.S_ISREG(os.fstat(source).st_mode):
+            out.write(record.read(MAX_RECORD_BYTES + 1))
 
 
 def _run_module(module: str, arguments) -> int:

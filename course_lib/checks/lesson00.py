@@ -9,10 +9,20 @@ import os
 import torch.distributed as dist
 
 from .engine import expect_equal, grader
+from .engine.observations import as_plain
 from .engine.ranks import run_on_ranks
 
+
+def _whoami_on_rank(whoami):
+    """Inside a rank: what the learner's whoami returned, as plain data (NumPy's ints as ints)."""
+    return as_plain(whoami())
+
+
 def _launch_whoami(whoami, nprocs: int) -> list:
-    results = run_on_ranks(whoami, nprocs=nprocs, what=f"launch(whoami, nprocs={nprocs})",
+    # The inputs are the worlds themselves (2 ranks, then 1): nothing in them to draw at grading
+    # time; each rank's answer is all that crosses back.
+    results = run_on_ranks(_whoami_on_rank, whoami, nprocs=nprocs,
+                           what=f"launch(whoami, nprocs={nprocs})",
                            hang_hint="whoami needs no collective: just return (rank, world_size)",
                            crash_hint="fix the error whoami raised in its rank; run it yourself with "
                                       "launch(whoami, nprocs=2, timeout=60) to see the whole traceback")

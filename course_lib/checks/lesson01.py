@@ -14,6 +14,7 @@ measured; the global batch.
   unit slip is 1000x off; a made-up time is off the band, or the same number at every step.
 - global batch size: the samples one optimizer step sees, batch_size x grad_accum_steps x
   world_size."""
+import random
 import statistics
 import time
 
@@ -26,7 +27,10 @@ from ..topics.timing import synchronize
 from ..training.data import make_dataset
 from ..training.models import make_model
 from .engine import expect, expect_close, expect_equal, expect_whole_number, grader
+from .engine.boundary import grading_seed
+from .engine.learner_call import call_learner
 from .engine.measured import expect_varies, expect_within_band
+from .engine.observations import as_plain
 
 BATCH_SIZE = 32          # the exercise times steps of 32 samples
 MIN_TIMED_STEPS = 20     # steps left after the warm-up: enough for a median to mean something
@@ -104,14 +108,24 @@ def check_throughput(step_seconds, warmup_steps, samples_per_second):
                        "times as you recorded them")
 
 
+GLOBAL_BATCH_CASES = [(32, 1, 1), (8, 4, 2), (16, 2, 8), (4, 1, 2), (8, 3, 1)]
+
+
+def global_batch_cases() -> list:
+    """The exercise's cases, then one drawn at grading time (the same one in a notebook)."""
+    draw = random.Random(grading_seed(0))
+    return GLOBAL_BATCH_CASES + [(draw.choice([2, 4, 16, 64]), draw.randint(2, 6),
+                                  draw.choice([3, 4, 8, 16]))]
+
+
 @grader("global batch size")
 def check_global_batch_size(global_batch_size):
-    for batch_size, grad_accum_steps, world_size in [(32, 1, 1), (8, 4, 2), (16, 2, 8), (4, 1, 2),
-                                                     (8, 3, 1)]:
+    for batch_size, grad_accum_steps, world_size in global_batch_cases():
         expected = batch_size * grad_accum_steps * world_size
-        got = global_batch_size(batch_size, grad_accum_steps, world_size)
-        expect_equal(got, expected,
-                     f"global_batch_size({batch_size}, {grad_accum_steps}, {world_size})",
+        call = f"global_batch_size({batch_size}, {grad_accum_steps}, {world_size})"
+        got = call_learner(lambda: as_plain(global_batch_size(batch_size, grad_accum_steps,
+                                                              world_size)), what=call)
+        expect_equal(got, expected, call,
                      hint=f"one optimizer step here averages over {expected} samples: count "
                           f"what each rank sees in one step, then all ranks")
 

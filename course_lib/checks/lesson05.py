@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
+from .engine.boundary import grading_seed
 from .engine.oracle import close, large_batch_sgd
 from .engine.ranks import run_on_ranks
 from .engine import describe, expect, expect_close, grader
@@ -35,17 +36,18 @@ WORLD_SIZE = 2
 LAUNCH_TIMEOUT_S = 60
 LR = 0.5
 MICRO_BATCH_SIZE = 4
+DATA_SEED = 5  # of the global batches in a notebook; grading_seed(DATA_SEED) at grading time
 LOOP_CASES = ((4, 3), (2, 2))  # (grad_accum_steps, optimizer steps): 12 and 4 micro-batches per rank
 
 
 # -- the exercise: accumulation with no_sync ------------------------------------------------
 
-def grading_micro_batches(grad_accum_steps, steps, rank, world_size=WORLD_SIZE):
+def grading_micro_batches(grad_accum_steps, steps, rank, world_size=WORLD_SIZE, seed=DATA_SEED):
     """Rank `rank`'s micro-batches, in order: `steps` global batches, each dealt to the ranks
     like DistributedSampler (sample i to rank i % world_size), each rank's share cut in
     grad_accum_steps micro-batches of MICRO_BATCH_SIZE."""
     global_batch_size = MICRO_BATCH_SIZE * grad_accum_steps * world_size
-    X, y = make_dataset(steps * global_batch_size, seed=5).tensors
+    X, y = make_dataset(steps * global_batch_size, seed=seed).tensors
     micro_batches = []
     for X_global, y_global in zip(X.split(global_batch_size), y.split(global_batch_size)):
         X_rank, y_rank = X_global[rank::world_size], y_global[rank::world_size]
@@ -53,11 +55,11 @@ def grading_micro_batches(grad_accum_steps, steps, rank, world_size=WORLD_SIZE):
     return micro_batches
 
 
-def large_batch_run(grad_accum_steps, steps, world_size=WORLD_SIZE):
+def large_batch_run(grad_accum_steps, steps, world_size=WORLD_SIZE, seed=DATA_SEED):
     """The reference: one process, one optimizer step per global batch. Returns the loss, the
     weights after every step, and each rank's loss on its share of every global batch."""
     global_batch_size = MICRO_BATCH_SIZE * grad_accum_steps * world_size
-    X, y = make_dataset(steps * global_batch_size, seed=5).tensors
+    X, y = make_dataset(steps * global_batch_size, seed=seed).tensors
     rank_losses = [[] for _ in range(world_size)]
 
     def record_rank_shares(model, X_global, y_global):  # dealt like DistributedSampler: i % world_size
@@ -84,9 +86,10 @@ def counting_all_reduces(ddp_model) -> list:
     return calls
 
 
-def _loop_on_rank(train_with_accumulation, grad_accum_steps, steps):
+def _loop_on_rank(train_with_accumulation, grad_accum_steps, steps, seed):
     """One run of the learner's loop on this rank: its losses, and for every optimizer step the
-    weights after it and the all-reduces it took."""
+    weights after it and the all-reduces it took; observations only, as plain data (the grader
+    compares them with its own reference)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = dist.get_rank()
@@ -107,7 +110,7 @@ def _loop_on_rank(train_with_accumulation, grad_accum_steps, steps):
     first_ready = list(ddp_model.module.parameters())[-1]
     first_ready.register_post_accumulate_grad_hook(
         lambda param: backwards.append(ddp_model.require_backward_grad_sync))
-    micro_batches = grading_micro_batches(grad_accum_steps, steps, rank)
+    micro_batches = grading_micro_batches(grad_accum_steps, steps, rank, seed=seed)
     with calls_of(accumulate_with_no_sync, _accumulate) as library_calls:
         losses = train_with_accumulation(ddp_model, optimizer, micro_batches, grad_accum_steps)
     if library_calls:
@@ -130,8 +133,8 @@ def _is_a_float(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _cases_on_rank(train_with_accumulation):
-    return [_loop_on_rank(train_with_accumulation, grad_accum_steps, steps)
+def _cases_on_rank(train_with_accumulation, seed):
+    return [_loop_on_rank(train_with_accumulation, grad_accum_steps, steps, seed)
             for grad_accum_steps, steps in LOOP_CASES]
 
 
@@ -147,8 +150,9 @@ def _run_on_ranks(fn, *args, what: str):
 @grader("accumulation with no_sync")
 def check_train_with_accumulation(train_with_accumulation):
     what = "train_with_accumulation on 2 ranks"
-    references = [large_batch_run(*case) for case in LOOP_CASES]  # before forking: imports done
-    per_rank = _run_on_ranks(_cases_on_rank, train_with_accumulation, what=what)
+    seed = grading_seed(DATA_SEED)  # the 2 ranks and the cases' sizes are the exercise's own
+    references = [large_batch_run(*case, seed=seed) for case in LOOP_CASES]  # before forking
+    per_rank = _run_on_ranks(_cases_on_rank, train_with_accumulation, seed, what=what)
     for case, (grad_accum_steps, steps) in enumerate(LOOP_CASES):
         runs = [ranks_cases[case] for ranks_cases in per_rank]
         expect("library_calls" not in runs[0], what, "your own accumulation loop",

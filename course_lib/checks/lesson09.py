@@ -20,12 +20,16 @@ import numbers
 import statistics
 
 import numpy as np
+import torch
 
 from ..runtime.shared.env import cpu_cores
 from ..topics.cost_model import ring_all_reduce_time
 from ..topics.scaling import ScalingRuns
-from .engine import expect, expect_close, expect_value_error, grader
+from .engine import expect, expect_close, grader
+from .engine.boundary import grading_seed
+from .engine.learner_call import call_learner
 from .engine.measured import expect_recorded
+from .engine.observations import as_plain
 
 # -- Exercise 1: scaling efficiency on this machine (a measurement) ------------------------------
 
@@ -110,12 +114,31 @@ ALL_REDUCE_CASES = [  # (n_parameters, world_size, alpha, beta, bytes_per_parame
 ]
 
 
+def all_reduce_cases(seed):
+    """ALL_REDUCE_CASES, then one drawn from `seed` (grading_seed: at grading time, one the
+    notebook never saw)."""
+    generator = torch.Generator().manual_seed(seed)
+    draw = torch.rand(4, generator=generator, dtype=torch.float64).tolist()
+    drawn = (int(1e6 + draw[0] * 1e9), 2 + int(draw[1] * 62), (5 + 45 * draw[2]) * 1e-6,
+             1 / ((1 + 99 * draw[3]) * 1e9), 2 if draw[0] < 0.5 else 4)
+    return ALL_REDUCE_CASES + [drawn]
+
+
+def _all_reduce_answers(all_reduce_seconds, cases):
+    """On the learner's side of the boundary: the answer to each case, as a plain number."""
+    return [as_plain(all_reduce_seconds(n_parameters, world_size, alpha, beta,
+                                        bytes_per_parameter=bytes_per_parameter))
+            for n_parameters, world_size, alpha, beta, bytes_per_parameter in cases]
+
+
 @grader("predicted all-reduce time")
 def check_all_reduce_seconds(all_reduce_seconds):
-    for n_parameters, world_size, alpha, beta, bytes_per_parameter in ALL_REDUCE_CASES:
+    cases = all_reduce_cases(grading_seed(0))
+    answers = call_learner(_all_reduce_answers, all_reduce_seconds, cases,
+                           what="all_reduce_seconds(n_parameters, world_size, alpha, beta, "
+                                "bytes_per_parameter=...)")
+    for (n_parameters, world_size, alpha, beta, bytes_per_parameter), got in zip(cases, answers):
         expected = ring_all_reduce_time(n_parameters * bytes_per_parameter, world_size, alpha, beta)
-        got = all_reduce_seconds(n_parameters, world_size, alpha, beta,
-                                 bytes_per_parameter=bytes_per_parameter)
         ratio = f"{_as_float(got) / expected:.3g} times" if expected and isinstance(
             _as_float(got), float) else "not"
         expect_close(_as_float(got), expected,
@@ -135,14 +158,51 @@ PLAN_CASES = [  # (global_batch_size, max_batch_size, world_size, (batch_size, g
 IMPOSSIBLE_PLANS = [(1000, 64, 16), (96, 8, 5)]  # the global batch does not split over the ranks
 
 
+def plan_cases(seed):
+    """PLAN_CASES, then one drawn from `seed` (grading_seed), its plan worked out here: the fewest
+    micro-batches that split the rank's share evenly and fit."""
+    generator = torch.Generator().manual_seed(seed)
+    world_size, per_rank, max_batch_size = (
+        int(torch.randint(low, high, (1,), generator=generator)) for low, high in
+        ((1, 17), (8, 513), (8, 129)))
+    steps = next(steps for steps in range(1, per_rank + 1)
+                 if per_rank % steps == 0 and per_rank // steps <= max_batch_size)
+    return PLAN_CASES + [(per_rank * world_size, max_batch_size, world_size,
+                          (per_rank // steps, steps))]
+
+
+def _plans(accumulation_plan, cases, impossible):
+    """On the learner's side: each plan as plain data (its text, its items as numbers of their own
+    kind), and for each impossible case the exception's type or what came back instead."""
+    plans = []
+    for global_batch_size, max_batch_size, world_size, _ in cases:
+        got = accumulation_plan(global_batch_size, max_batch_size, world_size)
+        pair = isinstance(got, (tuple, list)) and len(got) == 2
+        plans.append({"shown": repr(got)[:120], "items": [as_plain(v) for v in got] if pair else None,
+                      "as_tuple": repr(tuple(got)) if pair else ""})
+    refusals = []
+    for global_batch_size, max_batch_size, world_size in impossible:
+        try:
+            got = accumulation_plan(global_batch_size, max_batch_size, world_size)
+        except ValueError:
+            refusals.append({"raised": "ValueError"})
+        else:
+            refusals.append({"returned": repr(got)[:120]})
+    return plans, refusals
+
+
 @grader("batch plan for a global batch")
 def check_accumulation_plan(accumulation_plan):
-    for global_batch_size, max_batch_size, world_size, expected in PLAN_CASES:
+    cases = plan_cases(grading_seed(0))
+    plans, refusals = call_learner(_plans, accumulation_plan, cases, IMPOSSIBLE_PLANS,
+                                   what="accumulation_plan(global_batch_size, max_batch_size, "
+                                        "world_size)")
+    for (global_batch_size, max_batch_size, world_size, expected), plan in zip(cases, plans):
         call = f"accumulation_plan({global_batch_size}, {max_batch_size}, {world_size})"
-        got = accumulation_plan(global_batch_size, max_batch_size, world_size)
-        expect(isinstance(got, (tuple, list)) and len(got) == 2
+        got = plan["items"]
+        expect(got is not None
                and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in got),
-               call, "a pair of ints (batch_size, grad_accum_steps)", repr(got)[:120],
+               call, "a pair of ints (batch_size, grad_accum_steps)", plan["shown"],
                "counts of samples and of micro-batches are whole numbers: a float, even 2.0, "
                "is not one")
         batch_size, grad_accum_steps = got
@@ -156,12 +216,12 @@ def check_accumulation_plan(accumulation_plan):
                f"at most max_batch_size = {max_batch_size} samples", str(batch_size),
                "a larger micro-batch does not fit in the device's memory")
         expect(tuple(got) == expected, call, f"{expected}: the fewest micro-batches",
-               repr(tuple(got)), f"{got[1]} micro-batches per step, where {expected[1]} of "
+               plan["as_tuple"], f"{got[1]} micro-batches per step, where {expected[1]} of "
                f"{expected[0]} samples would fit too: fewer micro-batches, larger ones, as long "
                "as they fit")
-    for global_batch_size, max_batch_size, world_size in IMPOSSIBLE_PLANS:
+    for (global_batch_size, max_batch_size, world_size), refusal in zip(IMPOSSIBLE_PLANS, refusals):
         call = f"accumulation_plan({global_batch_size}, {max_batch_size}, {world_size})"
-        expect_value_error(lambda: accumulation_plan(global_batch_size, max_batch_size, world_size),
-                           call, "the global batch does not split evenly over the ranks",
-                           f"{global_batch_size} samples cannot be shared evenly by {world_size} "
-                           "ranks: no plan is valid, and the exercise asks for an error then")
+        expect("raised" in refusal, call,
+               "a ValueError: the global batch does not split evenly over the ranks",
+               refusal.get("returned", ""), f"{global_batch_size} samples cannot be shared evenly "
+               f"by {world_size} ranks: no plan is valid, and the exercise asks for an error then")

@@ -19,7 +19,10 @@ import numbers
 import torch
 
 from .engine import GradingError, expect, expect_close, expect_whole_number, grader
+from .engine.boundary import grading_seed
 from .engine.call_watch import calls_of
+from .engine.learner_call import call_learner
+from .engine.observations import as_plain
 from ..topics.memory import (RECIPES, GiB, Recipe, estimate_memory, fitting_recipes,
                              measure_training_step)
 from ..training.data import N_CLASSES, N_FEATURES
@@ -46,6 +49,8 @@ def measured_step_bytes(batch_size: int) -> int:
 
 @grader("the largest batch that fits")
 def check_largest_batch(largest_batch):
+    # largest_batch is data (the learner's number), and no learner code runs here: the grader
+    # measures the steps itself, on inputs whose values do not change the bytes counted.
     expect_whole_number(largest_batch, "largest_batch",
                         "a batch is a whole number of samples, and yours is not one")
     expect(largest_batch >= 1, "largest_batch", "at least 1 sample", repr(largest_batch))
@@ -77,22 +82,45 @@ def reference_zero_bytes_per_parameter(stage, world_size):
                            world_size).total / n_parameters
 
 
-@grader("bytes per parameter under ZeRO")
-def check_zero_bytes_per_parameter(zero_bytes_per_parameter):
-    for stage, world_size in ZERO_CASES:
-        call = f"zero_bytes_per_parameter(stage={stage}, world_size={world_size})"
+def zero_cases(seed):
+    """ZERO_CASES, then each stage on a world size drawn from `seed` (grading_seed), a power of two
+    the notebook never saw."""
+    generator = torch.Generator().manual_seed(seed)
+    world_size = 2 ** int(torch.randint(4, 11, (1,), generator=generator))
+    return ZERO_CASES + [(stage, world_size) for stage in (0, 1, 2, 3)]
+
+
+def _zero_answers(zero_bytes_per_parameter, cases):
+    """On the learner's side: for each case, the answer (a plain number, or its repr) and the
+    library functions it called."""
+    answers = []
+    for stage, world_size in cases:
         with calls_of(estimate_memory, fitting_recipes) as called:
             got = zero_bytes_per_parameter(stage, world_size)
+        is_number = (isinstance(got, numbers.Real)
+                     or (isinstance(got, torch.Tensor) and got.numel() == 1))
+        answers.append({"called": list(called), "shown": f"{got!r} ({type(got).__name__})",
+                        "number": float(got) if is_number and not isinstance(got, bool) else None})
+    return answers
+
+
+@grader("bytes per parameter under ZeRO")
+def check_zero_bytes_per_parameter(zero_bytes_per_parameter):
+    cases = zero_cases(grading_seed(0))
+    answers = call_learner(_zero_answers, zero_bytes_per_parameter, cases,
+                           what="zero_bytes_per_parameter(stage, world_size)")
+    for (stage, world_size), answer in zip(cases, answers):
+        call = f"zero_bytes_per_parameter(stage={stage}, world_size={world_size})"
+        called = answer["called"]
         expect(not called, f"what {call} called", "arithmetic on the bytes each rank keeps",
                f"the library's {called[0]}" if called else "",
                "the library's estimator is the answer this exercise rebuilds: count the bytes "
                "yourself")
-        is_number = (isinstance(got, numbers.Real)
-                     or (isinstance(got, torch.Tensor) and got.numel() == 1))
-        expect(is_number and not isinstance(got, bool), call, "a number",
-               f"{got!r} ({type(got).__name__})", "return the bytes as a number")
-        expect_close(float(got), reference_zero_bytes_per_parameter(stage, world_size), call,
-                     rtol=1e-9, hint=_zero_hint(stage, world_size, float(got)))
+        expect(answer["number"] is not None, call, "a number", answer["shown"],
+               "return the bytes as a number")
+        got = answer["number"]
+        expect_close(got, reference_zero_bytes_per_parameter(stage, world_size), call,
+                     rtol=1e-9, hint=_zero_hint(stage, world_size, got))
 
 
 _PARTS = {"the weights": 2, "the gradients": 2, "the optimizer state": 12}
@@ -134,24 +162,50 @@ def reference_recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, activ
     return fitting_recipes(n_parameters, gpu_memory_bytes, world_size, activation_bytes, RECIPES)
 
 
+def fit_cases(seed):
+    """FIT_CASES, then one drawn from `seed` (grading_seed): a model, a card and a world size the
+    notebook never saw."""
+    generator = torch.Generator().manual_seed(seed)
+    billions, card, world_size, activations = (
+        int(torch.randint(low, high, (1,), generator=generator)) for low, high in
+        ((1, 80), (16, 97), (1, 33), (1, 13)))
+    return FIT_CASES + [(billions * 1_000_000_000, card * GiB, world_size, activations * GiB)]
+
+
+def _recipes_answers(recipes_that_fit, cases):
+    """On the learner's side: for each case, the recipes returned (each as a plain list of its
+    fields; None when the answer is not a list of recipes, with its repr) and the library calls."""
+    answers = []
+    for case in cases:
+        with calls_of(fitting_recipes) as called:
+            got = recipes_that_fit(*case)
+        try:
+            recipes = [as_plain(list(Recipe(*recipe))) for recipe in got]
+        except TypeError:
+            recipes = None
+        answers.append({"called": list(called), "recipes": recipes, "shown": repr(got)[:120]})
+    return answers
+
+
 @grader("which recipes fit")
 def check_recipes_that_fit(recipes_that_fit):
-    for n_parameters, gpu_memory_bytes, world_size, activation_bytes in FIT_CASES:
+    cases = fit_cases(grading_seed(0))
+    answers = call_learner(_recipes_answers, recipes_that_fit, cases,
+                           what="recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, "
+                                "activation_bytes)")
+    for (n_parameters, gpu_memory_bytes, world_size, activation_bytes), answer in zip(cases, answers):
         call = (f"recipes_that_fit({n_parameters:_}, {gpu_memory_bytes // GiB} * GiB, "
                 f"world_size={world_size}, activation_bytes={activation_bytes // GiB} * GiB)")
-        with calls_of(fitting_recipes) as called:
-            got = recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, activation_bytes)
-        expect(not called, f"what {call} called", "your own judgement of each recipe",
-               "the library's fitting_recipes" if called else "",
+        expect(not answer["called"], f"what {call} called", "your own judgement of each recipe",
+               "the library's fitting_recipes" if answer["called"] else "",
                "fitting_recipes is the library's answer to this exercise: decide for each recipe "
                "yourself whether its estimate fits")
         expected = reference_recipes_that_fit(n_parameters, gpu_memory_bytes, world_size,
                                               activation_bytes)
-        try:
-            got = [Recipe(*recipe) for recipe in got]
-        except TypeError:
-            raise GradingError(call, "a list of recipes from RECIPES", repr(got)[:120],
-                               "keep the Recipe tuples of RECIPES that fit") from None
+        if answer["recipes"] is None:
+            raise GradingError(call, "a list of recipes from RECIPES", answer["shown"],
+                               "keep the Recipe tuples of RECIPES that fit")
+        got = [Recipe(*recipe) for recipe in answer["recipes"]]
         missing = [recipe for recipe in expected if recipe not in got]
         extra = [recipe for recipe in got if recipe not in expected]
         if missing or extra:

@@ -13,21 +13,26 @@ rank's node (run on ranks), and an all-reduce health check measured on this mach
   learner's recorded rows on nprocs ranks (at least 3 sizes, up to 1 MiB or more, each following
   from its own bytes and seconds) and the best of them. The best must be a measurement of this
   machine: when the learner's ranks ran on the CPU (fewer than 2 GPUs), within BAND (10x) of the
-  best bus bandwidth the check's own 3-rank run measured (re-measured 4 more times, over 4 s,
-  before it rejects). The band: on this 2-core machine, shared by other jobs, 2-rank runs gave
-  best bus bandwidths of 0.9-1.8 GB/s and 3-rank runs 1.1-1.2 GB/s (gloo over loopback,
-  bandwidth-bound at 4 MiB, which load slows far less than latency); a GB/s-for-bytes/s slip is
-  1e9 off. On GPUs (NCCL) the check cannot re-measure the same links on gloo: the rows are judged
+  best bus bandwidth the course's own measure_all_reduce gives on 3 ranks at the grading sizes
+  (course code only: in class grading it runs again where the verdict is decided; re-measured 4
+  more times, over 4 s, before it rejects). The band: on this 2-core machine, shared by other
+  jobs, 2-rank runs gave best bus bandwidths of 0.9-1.8 GB/s and 3-rank runs 1.1-1.2 GB/s (gloo
+  over loopback, bandwidth-bound at 4 MiB, which load slows far less than latency); a
+  GB/s-for-bytes/s slip is 1e9 off. On GPUs (NCCL) the check cannot re-measure the same links on gloo: the rows are judged
   by their arithmetic and the function by its 3-rank run."""
 import os
 
+import torch
 import torch.distributed as dist
 
 from .. import gpu_count
 from ..topics import cost_model
 from ..topics.cluster import rank_layout
 from .engine import GradingError, expect, expect_close, expect_equal, grader
+from .engine.boundary import grading_seed
+from .engine.learner_call import call_learner
 from .engine.measured import expect_within_band, unit_slip
+from .engine.observations import as_plain
 from .engine.ranks import run_on_ranks
 
 # (nnodes, nproc_per_node): nnodes != nproc_per_node in most, so swapping the two shows.
@@ -36,26 +41,47 @@ NODE_LAYOUTS = [[2, 1], [1, 3], [2, 2, 1]]  # uneven nodes: a guess from one nod
 HEALTH_MIN_SIZES = 3
 HEALTH_LARGEST_AT_LEAST = 2**20
 HEALTH_GRADING_RANKS = 3                        # 2 (N - 1) / N = 4/3: a missing factor shows
-HEALTH_GRADING_SIZES = [2**10, 2**16, 2**20, 2**22]
+HEALTH_GRADING_SIZES = [2**10, 2**16, 2**20, 2**22]  # fixed: the figures are measured, not drawn
 BAND = 10                                       # the learner's best within 10x of the check's
+
+
+def layouts(seed):
+    """LAYOUTS, then one (nnodes, nproc_per_node) drawn from `seed` (grading_seed)."""
+    generator = torch.Generator().manual_seed(seed)
+    nnodes, nproc_per_node = (int(n) for n in torch.randint(1, 9, (2,), generator=generator))
+    return LAYOUTS + [(nnodes, nproc_per_node)]
+
+
+def node_layouts(seed):
+    """NODE_LAYOUTS with the last one's nodes rotated by `seed` (grading_seed): which node is the
+    short one changes, so does every rank's answer; the world stays 3 to 5 ranks, what 2 cores run."""
+    turn = seed % len(NODE_LAYOUTS[-1])
+    return NODE_LAYOUTS[:-1] + [NODE_LAYOUTS[-1][turn:] + NODE_LAYOUTS[-1][:turn]]
+
+
+def _global_ranks(global_rank, cases):
+    """On the learner's side: global_rank's answer for each (node_rank, local_rank, nproc)."""
+    return [as_plain(global_rank(*case)) for case in cases]
 
 
 @grader("global rank")
 def check_global_rank(global_rank):
-    for nnodes, nproc_per_node in LAYOUTS:
-        for node_rank in range(nnodes):
-            for local_rank in range(nproc_per_node):
-                expect_equal(global_rank(node_rank, local_rank, nproc_per_node),
-                             node_rank * nproc_per_node + local_rank,
-                             f"global_rank(node_rank={node_rank}, local_rank={local_rank}, "
-                             f"nproc_per_node={nproc_per_node})",
-                             hint="ranks are numbered node by node: the nproc_per_node ranks of "
-                                  "every earlier node come first, then this node's local_rank")
+    cases = [(node_rank, local_rank, nproc_per_node)
+             for nnodes, nproc_per_node in layouts(grading_seed(0))
+             for node_rank in range(nnodes) for local_rank in range(nproc_per_node)]
+    answers = call_learner(_global_ranks, global_rank, cases,
+                           what="global_rank(node_rank, local_rank, nproc_per_node)")
+    for (node_rank, local_rank, nproc_per_node), got in zip(cases, answers):
+        expect_equal(got, node_rank * nproc_per_node + local_rank,
+                     f"global_rank(node_rank={node_rank}, local_rank={local_rank}, "
+                     f"nproc_per_node={nproc_per_node})",
+                     hint="ranks are numbered node by node: the nproc_per_node ranks of "
+                          "every earlier node come first, then this node's local_rank")
 
 
 @grader("ranks on my node")
 def check_ranks_on_my_node(ranks_on_my_node):
-    for nproc_per_node in NODE_LAYOUTS:
+    for nproc_per_node in node_layouts(grading_seed(0)):
         layout = rank_layout(list(nproc_per_node))
         got = run_on_ranks(_as_placed, ranks_on_my_node, layout,
                            nprocs=len(layout), what=f"ranks_on_my_node on nodes {nproc_per_node}",
@@ -79,7 +105,7 @@ def _as_placed(ranks_on_my_node, layout):
     place = layout[dist.get_rank()]
     os.environ.update(GROUP_RANK=str(place.node_rank), LOCAL_RANK=str(place.local_rank),
                       LOCAL_WORLD_SIZE=str(place.local_world_size))
-    return ranks_on_my_node()
+    return as_plain(ranks_on_my_node())
 
 
 def _whole_numbers(ranks):
@@ -98,7 +124,7 @@ def reference_ranks_on_my_node():
 
 @grader("all-reduce health check")
 def check_health_check(health_check, health, best_bus_bandwidth, nprocs):
-    grading = _expect_function_measures(health_check)
+    _expect_function_measures(health_check)
     expect(isinstance(nprocs, int) and nprocs >= 2, "nprocs",
            "the number of ranks you measured on, at least 2", repr(nprocs))
     rows = _expect_health_rows(health)
@@ -117,10 +143,8 @@ def check_health_check(health_check, health, best_bus_bandwidth, nprocs):
     expect_close(best, max(bus for _, _, bus in rows), "best_bus_bandwidth",
                  "the largest bus bandwidth of your rows, in bytes per second", rtol=1e-6)
     if gpu_count() < 2:  # the learner's ranks ran on gloo, on this machine's CPU: compare
-        runs = iter([grading])
-        expect_within_band(best, lambda: _best_bus(next(runs, None) or _run(health_check)), BAND,
-                           "best_bus_bandwidth, against this machine", "B/s",
-                           "measure on this machine, and report bytes per second")
+        expect_within_band(best, _machine_best_bus, BAND, "best_bus_bandwidth, against this machine",
+                           "B/s", "measure on this machine, and report bytes per second")
 
 
 def _run(health_check):
@@ -130,15 +154,26 @@ def _run(health_check):
 
 
 def _observed(health_check, sizes):
-    """Inside a rank: the learner's rows, and the sweeps measure_all_reduce made meanwhile."""
+    """Inside a rank: the learner's rows, and the sweeps measure_all_reduce made meanwhile, as
+    plain data: (nbytes, seconds) of each size of each sweep."""
     cost_model.recent_sweeps.clear()
     rows = health_check(sizes)
-    return rows, list(cost_model.recent_sweeps)
+    return as_plain(rows), [[(int(nbytes), float(seconds)) for nbytes, seconds in sweep]
+                            for sweep in cost_model.recent_sweeps]
 
 
-def _best_bus(grading):
-    rows, _ = grading
-    return max(float(bus) for _, _, bus in rows)
+def _machine_best_bus():
+    """This machine's best bus bandwidth on the grading run's ranks and sizes, measured by the
+    course's own measure_all_reduce (no learner code: it runs again wherever the grader runs)."""
+    return run_on_ranks(_best_bus_on_rank, HEALTH_GRADING_SIZES, nprocs=HEALTH_GRADING_RANKS,
+                        what=f"the check's own all-reduce on {HEALTH_GRADING_RANKS} ranks",
+                        hang_hint="the course's own measurement hung: run the check again",
+                        learner=False)[0]
+
+
+def _best_bus_on_rank(sizes):
+    factor = 2 * (dist.get_world_size() - 1) / dist.get_world_size()
+    return max(nbytes / seconds * factor for nbytes, seconds in cost_model.measure_all_reduce(sizes))
 
 
 def _expect_function_measures(health_check):

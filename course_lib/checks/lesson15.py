@@ -7,9 +7,9 @@ random weights.
   step each gradient that needs one is all-reduced exactly once (the tied weight once, the frozen
   layer never); every all-reduce but the last gradient's starts before backward() has computed the
   last gradient, and does not block it (while the last rank is held back, the others compute on);
-  finish_gradient_sync() returns only when every all-reduce is done (done as a wait on its handle
-  or on its Future sees it) and forgets them: nothing of a step's all-reduces is still held at the
-  end of the next step; the weights after each step equal one process's on the global batch, and
+  backward() returns only when every all-reduce is done (your finish_gradient_sync, which autograd
+  runs at its end; done as a wait on its handle or on its Future sees it), and it forgets them:
+  nothing of a step's all-reduces is still held at the end of the next step; the weights after each step equal one process's on the global batch, and
   torch's DDP's on the same shards. The class is the learner's own: one built on the course's
   DDPFromScratch does not count.
 - the bucket plan: the parameters that need a gradient, each once, from the last registered to
@@ -19,14 +19,19 @@ random weights.
   assign_buckets does not count.
 - DDP with buckets: the same rules, with one all-reduce per bucket of the plan, in the plan's
   order, each started when its last gradient is ready.
+
+Each run of the learner's code is a crossing (engine/boundary.py): the ranks return what they saw
+(gradient_sync.train_on_rank), the plan crosses as parameter names, and every comparison is made
+here. The global batches, and one more plan case, come from boundary.grading_seed.
 """
 from collections import Counter
 
 import torch
 
 from .engine import GradingError, expect, grader
-from .engine.gradient_sync import (DELAYED_STEP, TiedNet, close, one_process, parameter_sizes,
-                                   state_vector, train_on_rank)
+from .engine.boundary import grading_seed
+from .engine.gradient_sync import (DATA_SEED, DELAYED_STEP, TiedNet, close, one_process,
+                                   parameter_sizes, state_vector, train_on_rank)
 from .engine.learner_call import call_learner, library_call_hint
 from .engine.ranks import run_on_ranks
 from ..topics.from_scratch.buckets import assign_buckets
@@ -41,10 +46,12 @@ SAME_COLLECTIVES = ("every rank must start the same all-reduces in the same orde
 TIED = "embed.weight (the tied weight: embed and head hold the same tensor)"
 
 
-def _run(ddp_class, ddp_kwargs, world_size, what):
+def _run(ddp_class, ddp_kwargs, world_size, what, data_seed):
+    """What each rank saw (gradient_sync.train_on_rank: events, counts, weights; plain data): the
+    grader's functions below compare it, here, with one process and with what the rules expect."""
     results = run_on_ranks(train_on_rank, ddp_class, ddp_kwargs, nprocs=world_size, what=what,
                            timeout=LAUNCH_TIMEOUT_S, hang_hint=SAME_COLLECTIVES,
-                           written_by_you=(DDPFromScratch.__init__,))
+                           written_by_you=(DDPFromScratch.__init__,), data_seed=data_seed)
     called = results[0].get("library_calls")
     expect(not called, what, "your own class", "a class built on course_lib.topics.from_scratch's "
            "DDPFromScratch", library_call_hint("DDPFromScratch", "this exercise"))
@@ -126,11 +133,14 @@ def _judge_overlap(results, what, launches):
 def _judge_sync(results, what):
     for rank, result in enumerate(results):
         for step, events in enumerate(result["steps"]):
-            in_flight = next(e[2] for e in events if e[0] == "synced")
+            in_flight = next(e[2] for e in events if e[0] == "returned")
             expect(in_flight == 0, f"{what}: rank {rank} at step {step}",
-                   "every all-reduce finished when finish_gradient_sync() returns",
+                   "every all-reduce finished when backward() returns (your "
+                   "finish_gradient_sync, queued at its end)",
                    f"{in_flight} still in flight",
-                   "the optimizer would step on gradients the other ranks have not yet sent")
+                   "the wait must run at the end of backward(): keep the given "
+                   "self.queue_finish() call at the top of gradient_ready, and let "
+                   "finish_gradient_sync() wait for every handle")
 
 
 def _judge_forgotten(results, what):
@@ -170,8 +180,9 @@ def _initial_weights():
 
 
 def _judge(ddp_class, ddp_kwargs, world_size, expected_sizes, ordered, what):
-    oracle = one_process()  # first: the ranks then fork with torch.optim imported
-    results = _run(ddp_class, ddp_kwargs, world_size, what)
+    data_seed = grading_seed(DATA_SEED)  # the batches; the model (TiedNet, rank r's seed r) is fixed
+    oracle = one_process(data_seed=data_seed)  # first: the ranks then fork with torch.optim imported
+    results = _run(ddp_class, ddp_kwargs, world_size, what, data_seed)
     _judge_broadcast(results, what)
     _judge_sizes(results, expected_sizes, what, ordered)
     _judge_overlap(results, what, len(expected_sizes))
@@ -204,23 +215,41 @@ def expected_plan(parameters, bucket_cap_mb):
 
 EXACT_FIT_MB = (1024 + 64) / 2**20  # a hidden layer's weight and bias fill it to the byte
 PLAN_CASES = ((3, 0.001), (3, 0.003), (5, 0.0043), (3, 0.0002), (3, 25), (3, EXACT_FIT_MB))
+PLAN_SEED = 0
+
+
+def plan_cases() -> tuple:
+    """PLAN_CASES, then one case drawn at grading time: 2-5 hidden layers, a cap of 1-7 KiB."""
+    draw = torch.Generator().manual_seed(grading_seed(PLAN_SEED))
+    hidden_layers = int(torch.randint(2, 6, (), generator=draw))
+    cap_bytes = int(torch.randint(1024, 7 * 1024, (), generator=draw)) // 4 * 4
+    return PLAN_CASES + ((hidden_layers, cap_bytes / 2**20),)
+
+
+def _named_plan(plan_buckets, parameters, cap, names):
+    """In the learner's side of the crossing: the plan as parameter names (plain data), or
+    ("not buckets", what came back) when it is no list of lists."""
+    got = plan_buckets(parameters, cap)
+    try:
+        return "buckets", [[names.get(id(p), "a tensor not in the model") for p in bucket]
+                           for bucket in got]
+    except TypeError:
+        return "not buckets", repr(got)[:120]
 
 
 @grader("the bucket plan")
 def check_plan_buckets(plan_buckets):
-    for hidden_layers, cap in PLAN_CASES:
+    for hidden_layers, cap in plan_cases():
         model = TiedNet(hidden_layers=hidden_layers)
         names = {id(p): name for name, p in model.named_parameters()}
         expected = expected_plan(list(model.parameters()), cap)
         call = f"plan_buckets(TiedNet(hidden_layers={hidden_layers}).parameters(), {cap})"
-        got = call_learner(plan_buckets, model.parameters(), cap, what=call,
-                           hint="the error was raised in your function (its traceback is below)",
-                           written_by_you=assign_buckets)
-        try:
-            got_names = [[names.get(id(p), "a tensor not in the model") for p in b] for b in got]
-        except TypeError:
-            raise GradingError(call, "a list of buckets, each a list of parameters",
-                               repr(got)[:120]) from None
+        kind, got_names = call_learner(
+            lambda parameters, cap, names=names: _named_plan(plan_buckets, parameters, cap, names),
+            model.parameters(), cap, what=call, written_by_you=assign_buckets,
+            hint="the error was raised in your function (its traceback is below)")
+        if kind != "buckets":
+            raise GradingError(call, "a list of buckets, each a list of parameters", got_names)
         want = [[names[id(p)] for p in bucket] for bucket in expected]
         expect(got_names == want, call, str(want), str(got_names), _plan_hint(got_names, want, cap))
 

@@ -238,6 +238,30 @@ def test_the_state_file_keeps_whole_lines_refuses_another_solution_and_a_silent_
         class_grading.StateFile(state.path, other).start(resume=True)
 
 
+def test_each_learner_is_judged_on_inputs_of_its_own_and_resume_keeps_them(tmp_path, monkeypatch):
+    """A seed offset drawn per submission (the grading-time inputs, judge.py), kept in the state
+    file; a learner graded again on --resume (a changed notebook) is judged on the same inputs."""
+    given = {}
+
+    def grade_one(submission, solution, timeout_s, cell_timeout_s, sandbox, threads, roles, offset):
+        given.setdefault(submission.learner, []).append(offset)
+        return gradebook.LearnerGrade(submission.learner, status=gradebook.GRADED, seed_offset=offset,
+                                      sha256=class_grading.file_sha256(submission.notebook)), False
+
+    monkeypatch.setattr(class_grading, "_grade_one", grade_one)
+    for learner in ("ann", "bob", "cy"):
+        write(solved(), tmp_path / "class" / learner / LESSON.name)
+    state = tmp_path / "grades.state.jsonl"
+    found = find_submissions([tmp_path / "class"], LESSON.name)
+    first = class_grading.grade_class(SOLUTION, found, state=state)
+    offsets = {grade.learner: grade.seed_offset for grade in first}
+    assert len(set(offsets.values())) == 3 and 0 not in offsets.values()
+    assert {learner: line["seed_offset"] for learner, line in state_records(state).items()} == offsets
+    write(solved(wrong_area=True), tmp_path / "class" / "bob" / LESSON.name)  # handed in again
+    class_grading.grade_class(SOLUTION, found, state=state, resume=True)
+    assert given == {"ann": [offsets["ann"]], "bob": [offsets["bob"]] * 2, "cy": [offsets["cy"]]}
+
+
 def test_jobs_share_the_cores():
     assert class_grading.threads_per_job(1, cores=16) == 8
     assert class_grading.threads_per_job(4, cores=16) == 2
@@ -247,7 +271,8 @@ def test_jobs_share_the_cores():
 # -- a class graded for real: the fixture lesson --------------------------------------------------------
 
 CLASS = {"ann": solved, "cy": syntax_error}
-VARYING = ("graded_at", "seconds", "submission")  # the same class, graded in another folder
+VARYING = ("graded_at", "seconds", "submission",  # the same class, graded in another folder,
+           "seed_offset")  # on inputs drawn for each grading
 
 
 @pytest.fixture(scope="module")
@@ -342,6 +367,19 @@ def freeze_and_kill(pid: int) -> None:
             pass
 
 
+def kill_once_graded(process, state: Path, timeout_s: float = 200) -> None:
+    """SIGKILL `process` (and all it started) once the state file holds its first learner's grade."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (state.exists() and len(state.read_text().splitlines()) >= 2):
+            assert process.poll() is None, "the grading ended before it could be killed"
+            assert time.monotonic() < deadline, f"no learner graded in {timeout_s:g} s"
+            time.sleep(0.05)
+    finally:
+        freeze_and_kill(process.pid)
+        process.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_class_grading_killed_after_its_first_learner_resumes_with_nothing_lost(
@@ -353,15 +391,7 @@ def test_a_class_grading_killed_after_its_first_learner_resumes_with_nothing_los
     (tmp_path / "tmp").mkdir()  # what the killed run leaves in its temporary folders stays here
     process = subprocess.Popen(command, cwd=FIXTURES, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")))
-    try:
-        deadline = time.monotonic() + 200
-        while not (state.exists() and len(state.read_text().splitlines()) >= 2):
-            assert process.poll() is None, "the grading ended before it could be killed"
-            assert time.monotonic() < deadline, "no learner graded in 200 s"
-            time.sleep(0.05)
-    finally:
-        freeze_and_kill(process.pid)
-        process.wait()
+    kill_once_graded(process, state)
     first = state_records(state)
     assert len(first) == 1 and not (tmp_path / "grades.csv").exists()
     monkeypatch.chdir(FIXTURES)
@@ -373,5 +403,6 @@ def test_a_class_grading_killed_after_its_first_learner_resumes_with_nothing_los
     assert comparable(resumed) == comparable(state_records(graded_class / "grades.state.jsonl"))
     [(learner, record)] = first.items()
     assert resumed[learner]["graded_at"] == record["graded_at"], "graded again after the kill"
+    assert resumed[learner]["seed_offset"] == record["seed_offset"] != 0
     with open(tmp_path / "grades.csv", newline="", encoding="utf-8-sig") as file:
         assert sorted(row["learner"] for row in csv.DictReader(file)) == sorted(CLASS)

@@ -1,12 +1,17 @@
 """A class graded sealed: learners who attack the grading, each beside an honest learner whose grade
-does not change. Each attack fails or stays contained inside the sandbox (sandbox.py), or, where it
-lives in the learner's own kernel (IPython hooks), is marked as what the sandbox cannot stop.
+does not change. Each attack fails or stays contained inside the sandbox (sandbox.py); those that
+live in the learner's own kernel (IPython hooks, a patched grader, a forged record) fail because the
+verdict is decided outside it, by replaying the course's grader on the record (judge.py).
 
 One class of small notebooks of the fixture course (tests/fixtures: 01_circle) is graded once, two
 at a time; the tests then read each learner's grade and look at this machine for what was left.
 An attack cell reports what it reached by raising `RuntimeError("FOUND-<tag> ...")`.
 """
+import collections
+import io
+import math
 import os
+import pickle
 import random
 import resource
 import shutil
@@ -21,12 +26,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell
 
-from course_lib.authoring import grading, sandbox
+from course_lib.authoring import grading, judge, sandbox
 from course_lib.authoring.cells import exercise_name, is_check_cell
 from course_lib.authoring.commands import check_main
 from course_lib.authoring.layout import LESSONS, SOLUTIONS
+from course_lib.checks.engine import expect_close, grader, record_file
+from course_lib.checks.engine.boundary import grading_seed
+from course_lib.checks.engine.learner_call import call_learner
+from course_lib.checks.engine.record import recording, replay_check
 from test_grading import FIXTURES, LESSON, solved
 
 TOKEN = f"{random.randrange(10**5, 10**6)}"           # this run's, in every marker
@@ -53,6 +63,20 @@ def with_cells(notebook, *sources, first=False):
     cells = notebook.cells
     at = 2 if first else next(i for i, cell in enumerate(cells) if is_check_cell(cell))
     cells[at:at] = [new_code_cell(source) for source in sources]
+    return notebook
+
+
+def wrong_unit_area(notebook):
+    """`notebook` with the unit circle's area wrong (3.0)."""
+    for cell in notebook.cells:
+        if cell.source == "unit_circle_area = circle_area(1.0)":
+            cell.source = "unit_circle_area = 3.0"
+    return notebook
+
+
+def with_last_cell(notebook, source: str):
+    """`notebook` with a code cell at its end, after every check."""
+    notebook.cells.append(new_code_cell(source))
     return notebook
 
 
@@ -176,6 +200,47 @@ def snooping_cells(course: Path, classmate: Path, port: int, unix_socket: str) -
     ]
 
 
+# the learner's own grader, in place of the course's: passes whatever circle_area does
+PATCHED_GRADER = '''
+from course_lib.checks.engine import grader
+@grader("circle area")
+def check_circle_area(circle_area):
+    return
+expect_close = lambda *args, **kwargs: None  # the course's other grader compares nothing
+'''
+# after the checks, a record of the learner's own saying that every check passed
+FORGED_RECORD = f'''
+import math, os
+from course_lib.checks.engine.record_file import write_record
+entry = dict(kwargs=[], argument_problem="", complete=True, verdict="passed")
+write_record({sandbox.RECORD!r}, int(os.environ["COURSE_GRADING_SEED_OFFSET"]), [
+    dict(entry, grader="__main__.check_circle_area", exercise="circle area",
+         args=[("callable", "circle_area")], outcomes=[]),
+    dict(entry, grader="__main__.check_unit_circle_area", exercise="unit circle area",
+         args=[("v", 3.0)], outcomes=[])])
+'''
+MARKER = Path(f"/tmp/course-unpickled-{TOKEN}")  # on the host: made only if a record is unpickled
+
+
+class Payload:
+    """Pickled, it runs `command` when unpickled by anything but a restricted unpickler."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def malicious_record_cell(marker: Path) -> str:
+    """A cell that leaves a record whose unpickling would create `marker` on the host."""
+    return (f"import os, torch\nclass Payload:\n    def __reduce__(self):\n"
+            f"        return (os.system, ('touch {marker}',))\n"
+            f"os.makedirs({str(Path(sandbox.RECORD).parent)!r}, exist_ok=True)\n"
+            f"torch.save({{'format': 'course_lib grading record', 'version': 1, 'seed_offset': 0, "
+            f"'checks': [Payload()]}}, {sandbox.RECORD!r})")
+
+
 FLOOD = ("import os\nwritten, stopped = 0, None\ntry:\n"
          f"    while written < {FLOOD_BYTES}:  # to the kernel's stdout\n"
          "        written += os.write(1, bytes(2**20))\n"
@@ -233,6 +298,9 @@ def graded(course, listener, unix_listener, tmp_path_factory):
         "killer": with_cells(unsolved(), "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"),
         "greedy": with_cells(solved(), *GREEDY_CELLS),
         "flood": with_cells(solved(), FLOOD),
+        "patcher": with_cells(wrong_unit_area(solved(wrong_area=True)), PATCHED_GRADER),
+        "forger": with_last_cell(unsolved(), FORGED_RECORD),
+        "pickler": with_last_cell(solved(), malicious_record_cell(MARKER)),
     }
     notebooks["shadow"].metadata["kernelspec"]["name"] = "python3-of-the-learner"
     notebooks["snoop"] = with_cells(solved(), *snooping_cells(
@@ -257,7 +325,8 @@ def graded(course, listener, unix_listener, tmp_path_factory):
 
 
 def verdicts(grade) -> dict:
-    return {exercise_name(result.cell): result.passed for result in grade.checks}
+    """The grade: the judge's verdict on each check (judge.py), never the kernel's output."""
+    return {name: verdict.passed for name, verdict in grade.verdicts.items()}
 
 
 def finding(grade, tag: str) -> str:
@@ -283,7 +352,7 @@ def processes_with(text: str) -> list:
 
 @sealed_grading
 def test_the_honest_learner_passes_sealed(graded):
-    assert graded["ann"].sealed and not graded["ann"].problem
+    assert graded["ann"].sealed and not graded["ann"].problem and graded["ann"].seed_offset
     assert verdicts(graded["ann"]) == {"check_circle_area": True, "check_unit_circle_area": True}
     assert all(result.passed for result in graded["ann"].results)
 
@@ -306,11 +375,37 @@ def test_killing_the_grader_from_the_kernel_is_no_pass(graded):
 
 
 @sealed_grading
-@pytest.mark.xfail(strict=True, reason="IPython hooks live in the learner's own kernel, where the "
-                   "sandbox cannot reach: the verdict must be decided outside it (issue 41, item 2)")
 @pytest.mark.parametrize("learner", ["custom_exc", "transformer"])
 def test_ipython_hooks_that_rewrite_or_swallow_a_check_do_not_pass(graded, learner):
-    assert not any(verdicts(graded[learner]).values())
+    """The hooks make check cells print their passed lines in the kernel (nbval passes them);
+    the judge replays the course's grader on what the learner's code did."""
+    grade = graded[learner]
+    assert any(result.passed for result in grade.checks), "the hook did not fool the kernel"
+    assert verdicts(grade) == {"check_circle_area": False, "check_unit_circle_area": False}
+
+
+@sealed_grading
+def test_a_grader_patched_in_the_kernel_does_not_pass(graded):
+    grade = graded["patcher"]
+    assert all(result.passed for result in grade.checks), "the patch did not fool the kernel"
+    assert verdicts(grade) == {"check_circle_area": False, "check_unit_circle_area": False}
+    assert "does not match the check" in grade.verdicts["check_circle_area"].message
+    assert "is not right yet" in grade.verdicts["check_unit_circle_area"].message
+
+
+@sealed_grading
+def test_a_record_forged_by_the_learner_does_not_pass(graded):
+    grade = graded["forger"]
+    assert verdicts(grade) == {"check_circle_area": False, "check_unit_circle_area": False}
+    assert "lacks" in grade.verdicts["check_circle_area"].message
+
+
+@sealed_grading
+def test_a_malicious_pickle_left_as_the_record_is_refused_unrun(graded):
+    grade = graded["pickler"]
+    assert not MARKER.exists(), "the judge unpickled the learner's code"
+    assert verdicts(grade) == {"check_circle_area": False, "check_unit_circle_area": False}
+    assert "the record was refused" in grade.verdicts["check_circle_area"].message
 
 
 # -- what a submission reaches -------------------------------------------------------------------
@@ -331,6 +426,8 @@ def test_none_of_the_instructors_environment_reaches_a_submission(graded):
         "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR",
         "MPLCONFIGDIR", "MPLBACKEND", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "SHLVL", "_",
         "PYDEVD_DISABLE_FILE_VALIDATION", *grading.THREAD_VARIABLES,
+        # the grading's inputs (the seed offset), and the key of measured records' seals
+        "COURSE_GRADING_SEED_OFFSET", judge.SEAL_VARIABLE,
         # what pytest, ipykernel and the kernel's libraries set for themselves
         "PYTEST_CURRENT_TEST", "PYTEST_VERSION", "JPY_PARENT_PID", "PYDEVD_USE_FRAME_EVAL",
         "CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "PAGER", "GIT_PAGER", "TERM"}, environment
@@ -513,3 +610,120 @@ def test_a_process_past_its_cpu_time_is_stopped(tmp_path):
                              pass_fds=box.pass_fds, capture_output=True, timeout=120, check=False)
     assert run.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU), run
     assert time.monotonic() - started < 60
+
+
+# -- the record the judge reads: what it refuses, unrun -------------------------------------------
+
+def fixture_solution():
+    return nbformat.read(FIXTURES / SOLUTIONS / LESSON.name, as_version=4)
+
+
+def record_bytes(checks, seed_offset: int = 5) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({"format": record_file.FORMAT, "version": record_file.VERSION,
+                "seed_offset": seed_offset, "checks": checks}, buffer)
+    return buffer.getvalue()
+
+
+def honest_record(seed_offset: int = 5) -> list:
+    """The fixture's two checks recorded on a correct answer, as the kernel writes them."""
+    namespace = {"__name__": "__main__"}
+    exec(fixture_solution().cells[1].source, namespace)
+    with recording(seed_offset) as recorder:
+        namespace["check_circle_area"](lambda radius: math.pi * radius ** 2)
+        namespace["check_unit_circle_area"](math.pi)
+    return recorder.checks
+
+
+def test_the_judge_passes_an_honest_record_and_fails_a_wrong_one(capsys):
+    verdicts = judge.judge(fixture_solution(), record_bytes(honest_record()), 5)
+    assert {name: verdict.passed for name, verdict in verdicts.items()} == {
+        "check_circle_area": True, "check_unit_circle_area": True}
+    wrong = honest_record()
+    wrong[0]["outcomes"][0]["value"] = ("tuple", [("v", 12.0), ("list", [])])
+    verdict = judge.judge(fixture_solution(), record_bytes(wrong), 5)["check_circle_area"]
+    assert not verdict.passed and verdict.message.startswith("✗ circle area: circle_area(2.0) is not")
+    other_inputs = judge.judge(fixture_solution(), record_bytes(honest_record()), 6)
+    assert not any(verdict.passed for verdict in other_inputs.values())
+    assert "other grading inputs" in other_inputs["check_circle_area"].message
+
+
+def test_a_malicious_pickle_in_the_record_is_refused_without_running_it(tmp_path):
+    ran = tmp_path / "ran"
+    payload = Payload(f"touch {ran}")
+    pickle.loads(pickle.dumps(Payload(f"touch {tmp_path / 'real'}")))  # the payload is real:
+    assert (tmp_path / "real").exists()                                # pickle runs it
+    for data in (record_bytes([payload]), record_bytes([{"grader": payload}]),
+                 pickle.dumps(payload), pickle.dumps(payload, protocol=0)):
+        with pytest.raises(record_file.RecordFileError):
+            record_file.read_record(data)
+        verdicts = judge.judge(fixture_solution(), data, 5)
+        assert not any(verdict.passed for verdict in verdicts.values())
+        assert "the record was refused" in verdicts["check_circle_area"].message
+    assert not ran.exists(), "the judge ran the learner's pickle"
+
+
+@pytest.mark.parametrize("forged", [
+    ("v", collections.OrderedDict(area=12.57)), ("v", {12.57}), ("v", torch.device("cpu")),
+    ("v", (12.57,)), ("object", "os.system", ("v", "touch /tmp/x")), ("callable", "area"),
+    ("list", ("v", 1.0)), ("dict", [["area", 12.57]]), "12.57", ("tuple",)], ids=repr)
+def test_a_recorded_value_that_is_not_plain_data_is_refused(forged):
+    checks = honest_record()
+    checks[0]["outcomes"][0]["value"] = forged
+    verdict = judge.judge(fixture_solution(), record_bytes(checks), 5)["check_circle_area"]
+    assert not verdict.passed and not verdict.grader_fault, verdict.message
+    assert "not data" in verdict.message or "the record was refused" in verdict.message, verdict.message
+
+
+def test_a_record_of_another_shape_is_refused():
+    for change in ({"extra": 1}, {"complete": "yes"}, {"outcomes": [{"key": "k"}]}):
+        checks = honest_record()
+        checks[0].update(change)
+        verdicts = judge.judge(fixture_solution(), record_bytes(checks), 5)
+        assert "the record was refused" in verdicts["check_circle_area"].message, change
+
+
+def test_an_oversize_record_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "checks.pt"
+    path.write_bytes(record_bytes(honest_record()))
+    with open(path, "r+b") as file:  # sparse: no disk is used for the hole
+        file.truncate(record_file.MAX_RECORD_BYTES + 1)
+    read = []
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self) or b"")
+    with pytest.raises(record_file.RecordFileError, match="over"):
+        record_file.read_record(path)
+    assert "over" in judge.judge(fixture_solution(), path, 5)["check_circle_area"].message
+    assert read == [], "the record was read before its size was checked"
+
+
+def test_the_seed_offset_changes_the_data_the_learners_function_sees():
+    seen = {}
+
+    @grader("seeded")
+    def check_seeded(function):
+        draw = torch.Generator().manual_seed(grading_seed(3))
+        data = torch.randn(4, generator=draw)
+        expect_close(call_learner(function, data, what="function(data)"), data * 2, "function(data)")
+
+    for offset in (0, 0, 7919):
+        with recording(offset) as recorder:
+            check_seeded(lambda data: seen.setdefault(offset, []).append(data) or data * 2)
+    assert torch.equal(seen[0][0], seen[0][1]) and not torch.equal(seen[0][0], seen[7919][0])
+    entry = recorder.checks[0]
+    assert replay_check(check_seeded, entry, 7919).passed
+    assert not replay_check(check_seeded, entry, 0).passed  # the record answers other data
+
+
+def test_an_exercise_that_reaches_past_a_static_reading_fails_and_is_noted():
+    """copy_detection's findings (course internals, dynamic imports, copied text) fail the
+    exercise whatever its record says, and the gradebook notes them for the instructor."""
+    notebook = solved()
+    for cell in notebook.cells:
+        if cell.source.startswith("def circle_area"):
+            cell.source = ("import importlib\ndef circle_area(radius):\n"
+                           "    return importlib.import_module('math').pi * radius ** 2")
+    exercises = {"check_circle_area": None, "check_unit_circle_area": None}
+    copied, notes = judge.copy_verdicts(notebook, fixture_solution(), exercises)
+    assert list(copied) == ["check_circle_area"] and not copied["check_circle_area"].passed
+    assert "importlib" in copied["check_circle_area"].message and notes
+    assert judge.copy_verdicts(solved(), fixture_solution(), exercises) == ({}, [])

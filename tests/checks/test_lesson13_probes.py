@@ -1,8 +1,10 @@
 """The machinery behind lesson 13's graders, tested where it can fail: rank 0's slow disk really
 shows a half-written file to a rank that looks for it, and a file renamed whole is never seen half
 written; the noise probe finds seeds that meet far into a run, and torch's 32-bit seeds; lesson 13
-and 14's grader modules stay short.
+and 14's grader modules stay short. What the ranks return crosses as plain data and is judged in
+the grader (engine/boundary.py); the inputs drawn at grading time keep each exercise's traps.
 """
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -18,9 +20,13 @@ from answers.lesson13 import (barrier_before_saving, every_rank_writes, polls_fo
                               takes_the_smallest_learning_rate)
 from course_lib import launch
 from course_lib.checks import lesson13
-from course_lib.checks.engine import GradingError
+from course_lib.checks.engine import GradingError, boundary
 from course_lib.checks.lesson13 import noise_probe
-from course_lib.checks.lesson13.slow_disk import WRITE_SECONDS, ReadTooEarly, slow_disk
+from course_lib.checks.lesson13.epoch_end import EPOCH_LOSSES, LEARNING_RATES, epoch_inputs
+from course_lib.checks.lesson13.slow_disk import (WRITE_SECONDS, ReadTooEarly, slow_disk,
+                                                  what_was_loaded)
+from course_lib.topics import debugging
+from course_lib.training.data import make_dataset
 
 CHECKS = Path(__file__).resolve().parents[2] / "course_lib" / "checks"
 # Lesson 13's and 14's grader modules, each lesson a module or a package
@@ -142,3 +148,50 @@ def test_seeds_that_meet_at_step_500_are_named_with_the_step():
     with pytest.raises(GradingError, match=r"same numbers as rank 0 at seed 0, step 500[\s\S]*"
                                            r"meet at step 500"):
         lesson13.check_add_noise(seeds_that_meet_at_step_500)
+
+
+# -- what crosses, and the inputs drawn at grading time ------------------------------------------
+
+@contextlib.contextmanager
+def seed_offset(offset):
+    token = boundary._seed_offset.set(offset)
+    try:
+        yield
+    finally:
+        boundary._seed_offset.reset(token)
+
+
+def test_the_epoch_inputs_are_the_notebooks_at_offset_0_and_keep_their_traps_at_others():
+    with seed_offset(0):
+        assert epoch_inputs() == (EPOCH_LOSSES, LEARNING_RATES)
+    drawn = set()
+    for offset in range(1, 41):
+        with seed_offset(offset):
+            losses, rates = epoch_inputs()
+        drawn.add(repr((losses, rates)))
+        assert all(abs(first - second) > 0.05 for first, second in losses)  # own loss != mean
+        assert rates[0][1] == 0.0 < rates[0][0]  # rank 1 knows none: rank 0's is the largest
+        assert rates[1][0] < rates[1][1]  # rank 1's is stale: rank 0's is the smallest
+        assert abs(sum(rates[1]) - rates[1][0]) > 1e-3  # adding the rates up is seen
+    assert len(drawn) == 40
+
+
+def test_the_noise_fingerprints_cross_as_rows_and_come_back_the_same():
+    fingerprints = _fingerprints(lambda s, t, r: 1000 * s + 2 * t + r)[0]
+    rows = noise_probe.fingerprint_rows(fingerprints)
+    assert boundary.plain(rows) is rows and rows.dtype == torch.float64
+    assert noise_probe.fingerprints_from_rows(rows) == fingerprints
+    ragged = {key: numbers[:1 + key[1] % 2] for key, numbers in fingerprints.items()}
+    assert noise_probe.fingerprints_from_rows(noise_probe.fingerprint_rows(ragged)) == ragged
+
+
+def test_what_load_data_returned_is_judged_in_the_grader():
+    X, y = make_dataset(n_samples=debugging.DATA_SAMPLES).tensors
+    observed = {"saves": 0, "early_reads": [], "type": "list", "tensors": [X, y]}
+    assert boundary.plain(observed) is observed
+    assert what_was_loaded(observed) == "the dataset"
+    assert what_was_loaded(dict(observed, tensors=[X, y + 1])) == "something else: list"
+    assert what_was_loaded(dict(observed, type="NoneType", tensors=None)) == \
+        "something else: NoneType"
+    early = dict(observed, early_reads=["EOFError: Ran out of input"])
+    assert what_was_loaded(early) == "read the file before it was complete (EOFError: Ran out of input)"

@@ -11,8 +11,8 @@ from torch import nn
 
 from course_lib import launch
 from course_lib.checks import lesson15
-from course_lib.checks.engine import GradingError
-from course_lib.checks.engine.gradient_sync import TiedNet, WatchAllReduces, in_flight
+from course_lib.checks.engine import GradingError, boundary
+from course_lib.checks.engine.gradient_sync import TiedNet, WatchAllReduces, batches, in_flight
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -96,3 +96,39 @@ def test_counts_never_reset_are_named_not_the_order():
         lesson15.check_bucketed_ddp(NeverResetsTheCounts)
     assert "at step 1" in caught.value.what  # step 0 was right
     assert "not reset" in caught.value.hint and "order" not in caught.value.hint
+
+
+def test_a_finish_never_queued_is_judged_when_backward_returns():
+    # the grader calls nothing after backward(): a right wait that autograd never runs is no wait
+    from answers.lesson15 import NeverQueuesItsFinish
+
+    with pytest.raises(GradingError) as caught:
+        lesson15.check_overlapping_ddp(NeverQueuesItsFinish)
+    assert "when backward() returns" in caught.value.expected
+    assert "self.queue_finish()" in caught.value.hint
+
+
+# -- inputs drawn at grading time ------------------------------------------------------------------
+def _at_offset(offset, function):
+    token = boundary._seed_offset.set(offset)
+    try:
+        return function()
+    finally:
+        boundary._seed_offset.reset(token)
+
+
+def test_the_plan_grader_adds_a_case_drawn_at_grading_time():
+    cases = [_at_offset(offset, lesson15.plan_cases) for offset in range(12)]
+    assert all(drawn[:-1] == lesson15.PLAN_CASES for drawn in cases)
+    extra = {drawn[-1] for drawn in cases}
+    assert len(extra) > 6  # another model and cap at another offset
+    for hidden_layers, cap in extra:
+        assert 2 <= hidden_layers <= 5 and 1024 <= cap * 2**20 < 7 * 1024
+        assert cap * 2**20 % 4 == 0  # whole float32 elements
+
+
+def test_the_ddp_graders_batches_come_from_the_grading_seed():
+    seeds = [_at_offset(offset, lambda: boundary.grading_seed(15)) for offset in (0, 7919)]
+    assert seeds == [15, 15 + 7919]
+    first, other = (batches(seed=seed)[0][0] for seed in seeds)
+    assert torch.equal(batches()[0][0], first) and not torch.equal(first, other)

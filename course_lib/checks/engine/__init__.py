@@ -9,6 +9,9 @@ measured      judge figures the learner measured against a band, a recording, a 
 remeasure     measure again on this machine and compare with what the learner recorded
 replicas      DataParallel's replicas and their gradients, counted
 gradient_sync models with tied and frozen weights, shards, and torch's DDP as a second oracle
+boundary      where a grader runs learner code (crossing) and the seeds of the data it feeds it
+record        class grading's two modes: record beside the learner's code, replay in the judge
+crossing_data what crosses, as plain tagged data; record_file: the record's file, read safely
 
 A lesson imports the engine and the layers below checks/; the engine imports no lesson
 (tests/test_layout.py says so).

@@ -4,7 +4,7 @@ In a notebook a crossing just runs. In class grading (authoring/) the same grade
 in the sandbox beside the learner's code, where each crossing's outcome is recorded, and once
 outside, where no learner code runs: each crossing returns the recorded outcome instead, and the
 grader's own comparisons decide the verdict. So what crosses must be plain data (see `plain`), and
-no comparison may happen on the learner's side of a crossing.
+no comparison may happen on the learner's side of a crossing. record.py holds the two modes.
 
 grading_seed(base)   the seed of the data a grader feeds the learner's code: `base` in a notebook,
                      shifted by an offset drawn at class-grading time, the same in both runs
@@ -13,28 +13,39 @@ crossing(key, run)   run() is learner code (or grader code around it, in the lea
 plain(value)         value itself when it is plain data, else TypeError naming the first part
                      that is not (with COURSE_STRICT_CROSSINGS=1 every crossing checks it)
 """
+import contextvars
 import os
 
 PLAIN_SCALARS = (type(None), bool, int, float, str, bytes)
 STRICT_VARIABLE = "COURSE_STRICT_CROSSINGS"
+RECORD_VARIABLE = "COURSE_GRADING_RECORD"       # class grading, in the sandbox: record to this file
+SEED_VARIABLE = "COURSE_GRADING_SEED_OFFSET"    # class grading: the offset drawn for a submission
 
-_seed_offset = 0
-_mode = None  # None in a notebook; the recorder or the replayer of class grading
+# per thread of the judge (a class graded --jobs N replays N submissions at once); the defaults are
+# the notebook's: no mode and offset 0, or what class grading put in the kernel's environment
+_seed_offset = contextvars.ContextVar("grading_seed_offset", default=0)
+_mode = contextvars.ContextVar("grading_mode", default=None)  # record.Recorder or record.Replayer
 
 
 def grading_seed(base: int) -> int:
     """The seed a grader uses for the data it feeds the learner's code."""
-    return base + _seed_offset
+    return base + _seed_offset.get()
 
 
 def crossing(key: str, run):
     """run()'s value: learner code, or grader code in the learner's process around it."""
-    if _mode is not None:
-        return _mode.cross(key, run)
+    mode = _mode.get()
+    if mode is not None:
+        return mode.cross(key, run)
     value = run()
     if os.environ.get(STRICT_VARIABLE) == "1":
         plain(value, key)
     return value
+
+
+def current_mode():
+    """The recorder or replayer in force here (record.py), or None in a notebook."""
+    return _mode.get()
 
 
 def plain(value, where: str = "value"):
@@ -60,3 +71,21 @@ def plain(value, where: str = "value"):
         return value
     raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}, not plain data "
                     f"(numbers, strings, tensors, and lists, tuples and dicts of them)")
+
+
+def _from_environment() -> None:
+    """Class grading's kernel: the seed offset (kept in the environment: ranks draw data with it
+    too), and the recorder when a record file is asked for (taken out of the environment, so that
+    processes started later, ranks or the learner's, do not record too)."""
+    global _seed_offset, _mode
+    offset = os.environ.get(SEED_VARIABLE)
+    if offset is not None:
+        _seed_offset = contextvars.ContextVar("grading_seed_offset", default=int(offset))
+    path = os.environ.pop(RECORD_VARIABLE, None)
+    if path:
+        from .record import Recorder
+
+        _mode = contextvars.ContextVar("grading_mode", default=Recorder(path))
+
+
+_from_environment()

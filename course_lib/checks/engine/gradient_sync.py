@@ -5,7 +5,10 @@ the learner's class, trains a few steps on its shard of each global batch, and r
 and, per step, what it saw, in order: each gradient becoming ready (the grader's own
 post-accumulate-grad hook, registered before the learner's, so it runs first), each all-reduce
 the rank started (seen below the Python API, where every torch.distributed call ends in a c10d
-operator, as lesson 03's count_traffic counts), backward() returning, and the sync finishing.
+operator, as lesson 03's count_traffic counts), and backward() returning, with how many of them
+were still in flight then. Nothing is called after backward(): as with torch's DDP, the learner's
+class waits inside it (its finish_gradient_sync, queued with the autograd engine's queue_callback
+by the lesson's given queue_finish, runs once backward's graph is done, before backward returns).
 The same rank then trains torch's own DDP on the same shards, for comparison.
 
 On the last rank, one step's first all-reduce starts DELAY_S late: on every other rank that
@@ -34,6 +37,7 @@ from .call_watch import calls_of
 
 VOCAB, WIDTH = 12, 16
 STEPS, GLOBAL_BATCH_SIZE, LR = 3, 12, 0.2   # 12 samples split evenly over 2 or 3 ranks
+DATA_SEED = 15  # the batches' seed; a grader passes boundary.grading_seed(DATA_SEED)
 DELAYED_STEP, DELAY_S = 1, 0.4
 
 
@@ -67,8 +71,8 @@ def trainable(model) -> list:
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-def batches(steps: int = STEPS):
-    generator = torch.Generator().manual_seed(15)
+def batches(steps: int = STEPS, seed: int = DATA_SEED):
+    generator = torch.Generator().manual_seed(seed)
     return [(torch.randint(0, VOCAB, (GLOBAL_BATCH_SIZE, 4), generator=generator),
              torch.randint(0, VOCAB, (GLOBAL_BATCH_SIZE,), generator=generator))
             for _ in range(steps)]
@@ -83,13 +87,14 @@ def state_vector(model) -> torch.Tensor:
     return torch.cat([t.detach().flatten() for t in [*model.parameters(), *model.buffers()]]).clone()
 
 
-def one_process(steps: int = STEPS, hidden_layers: int = 3, optimizer=None) -> list:
-    """The oracle: TiedNet(seed=0) trained on each whole global batch, with SGD(lr=LR) or
-    `optimizer(parameters)`; the weights after each step."""
+def one_process(steps: int = STEPS, hidden_layers: int = 3, optimizer=None,
+                data_seed: int = DATA_SEED) -> list:
+    """The oracle: TiedNet(seed=0) trained on each whole global batch (batches(steps, data_seed)),
+    with SGD(lr=LR) or `optimizer(parameters)`; the weights after each step."""
     model = TiedNet(seed=0, hidden_layers=hidden_layers)
     optimizer = (optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=LR)))(model.parameters())
     weights = []
-    for X, y in batches(steps):
+    for X, y in batches(steps, data_seed):
         optimizer.zero_grad()
         F.cross_entropy(model(X), y).backward()
         optimizer.step()
@@ -148,10 +153,11 @@ def left_behind(previous: list, sent_now: list) -> int:
 
 
 def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: int = STEPS,
-                  written_by_you=()) -> dict:
-    """Inside a rank: the learner's class on TiedNet(seed=rank), then torch's DDP on the same shards.
-    A call of any of `written_by_you` (the course's own answers) while the class is built comes
-    back as {"library_calls": [their names]}, and nothing is trained."""
+                  written_by_you=(), data_seed: int = DATA_SEED) -> dict:
+    """Inside a rank: the learner's class on TiedNet(seed=rank), then torch's DDP on the same shards
+    (batches(steps, data_seed)). A call of any of `written_by_you` (the course's own answers) while
+    the class is built comes back as {"library_calls": [their names]}, and nothing is trained.
+    What it returns is what the rank saw (plain data, boundary.py); the grader compares it."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = TiedNet(seed=rank, hidden_layers=hidden_layers)
     events, works = [], []
@@ -167,7 +173,7 @@ def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: in
     after_construction = state_vector(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     per_step, weights, left, previous = [], [], [], None
-    for step, (X, y) in enumerate(batches(steps)):
+    for step, (X, y) in enumerate(batches(steps, data_seed)):
         events.clear()
         works.clear()
         sent = []
@@ -176,10 +182,8 @@ def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: in
             if step == DELAYED_STEP and rank == world_size - 1:
                 watch.delay_next = DELAY_S
             loss = F.cross_entropy(wrapped(X_local), y_local)
-            loss.backward()
-            events.append(("returned", time.perf_counter()))
-            wrapped.finish_gradient_sync()
-            events.append(("synced", time.perf_counter(), in_flight(works)))
+            loss.backward()  # the learner's finish_gradient_sync runs at its end (queue_finish)
+            events.append(("returned", time.perf_counter(), in_flight(works)))
         for work in works:
             work.wait()  # a rank that forgot to wait must not leave one in flight into torch's DDP
         optimizer.step()
@@ -193,13 +197,14 @@ def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: in
         weights.append(parameters_to_vector(model.parameters()).detach().clone())
     return dict(after_construction=after_construction, steps=per_step, weights=weights,
                 names=names, left_behind=left,
-                torch_ddp=_torch_ddp(rank, world_size, hidden_layers, steps))
+                torch_ddp=_torch_ddp(rank, world_size, hidden_layers, steps, data_seed))
 
 
-def _torch_ddp(rank: int, world_size: int, hidden_layers: int, steps: int) -> list:
+def _torch_ddp(rank: int, world_size: int, hidden_layers: int, steps: int, data_seed: int) -> list:
     model = nn.parallel.DistributedDataParallel(TiedNet(seed=rank, hidden_layers=hidden_layers))
-    return train_on_shards(model, torch.optim.SGD(model.parameters(), lr=LR), batches(steps), rank,
-                           world_size, lambda: parameters_to_vector(model.module.parameters()).detach().clone())
+    return train_on_shards(model, torch.optim.SGD(model.parameters(), lr=LR),
+                           batches(steps, data_seed), rank, world_size,
+                           lambda: parameters_to_vector(model.module.parameters()).detach().clone())
 
 
 def train_on_shards(model, optimizer, global_batches, rank: int, world_size: int, snapshot) -> list:

@@ -2,6 +2,7 @@
 
 A grader asserts through the expect_* helpers (each raises GradingError) and prints one fixed line.
 """
+import contextlib
 import functools
 import numbers
 
@@ -52,15 +53,20 @@ def grader(exercise: str):
     def decorate(check):
         @functools.wraps(check)
         def run_check(*args, **kwargs):
-            try:
-                check(*args, **kwargs)
-            except NotImplementedError as error:
-                raise GradingError(exercise, "your code to run",
-                                   f"NotImplementedError({error})", STUB_HINT) from None
-            except GradingError as error:
-                error.exercise = exercise  # the verdict's first line names the exercise
-                raise
-            passed(exercise)
+            from .boundary import current_mode  # class grading records or replays (record.py)
+
+            mode = current_mode()
+            with mode.check(run_check, args, kwargs) if mode else contextlib.nullcontext():
+                try:
+                    check(*args, **kwargs)
+                except NotImplementedError as error:
+                    raise GradingError(exercise, "your code to run",
+                                       f"NotImplementedError({error})", STUB_HINT) from None
+                except GradingError as error:
+                    error.exercise = exercise  # the verdict's first line names the exercise
+                    raise
+            if not getattr(mode, "replays", False):  # the judge prints nothing: it returns
+                passed(exercise)
 
         run_check.exercise = exercise
         return run_check

@@ -17,7 +17,9 @@ import torch
 
 from ...training import dp
 from ..engine import describe, expect, grader
+from ..engine.boundary import grading_seed
 from ..engine.learner_call import call_learner as _call
+from ..engine.observations import as_plain
 from .gradients import check_data_parallel_gradients  # noqa: F401 (exercise 3)
 
 CPU = torch.device("cpu")
@@ -62,7 +64,10 @@ def _expect_same(actual, expected, call: str, hint: str):
 
 
 def _rows(count, width=3, offset=0):
-    return torch.arange(offset, offset + count * width, dtype=torch.float32).reshape(count, width)
+    """`count` rows of consecutive numbers from `offset`, shifted by an amount drawn at grading
+    time (none in a notebook): the learner's function never knows the values beforehand."""
+    start = offset + grading_seed(0) % 997
+    return torch.arange(start, start + count * width, dtype=torch.float32).reshape(count, width)
 
 
 # Exercise 1: scatter ----------------------------------------------------------------------------
@@ -93,11 +98,12 @@ def check_scatter_batch(scatter_batch):
          {"x": _rows(3), "mask": _rows(3, width=2, offset=100)}, [CPU, META, CPU, META]),
     ]
     for call, inputs, devices in cases:
-        result = _call(scatter_batch, inputs, devices, what=call, hint=SCATTER_HINT,
-                       written_by_you=dp.scatter)
+        expected = scatter(inputs, devices)  # before the learner's function sees the inputs
+        result = _call(lambda: as_plain(scatter_batch(inputs, devices)), what=call,
+                       hint=SCATTER_HINT, written_by_you=dp.scatter)
         expect(isinstance(result, (list, tuple)), call, "a list with one entry per replica",
                describe(result), SCATTER_HINT)
-        _expect_same(list(result), scatter(inputs, devices), call, SCATTER_HINT)
+        _expect_same(list(result), expected, call, SCATTER_HINT)
 
 
 # Exercise 2: gather -----------------------------------------------------------------------------
@@ -126,6 +132,7 @@ def check_gather_outputs(gather_outputs):
          [tuple(t.to(META) for t in pairs[0]), pairs[1]], META),
     ]
     for call, outputs, output_device in cases:
-        result = _call(gather_outputs, outputs, output_device, what=call, hint=GATHER_HINT,
-                       written_by_you=dp.gather)
-        _expect_same(result, gather(outputs, output_device), call, GATHER_HINT)
+        expected = gather(outputs, output_device)  # before the learner's function sees them
+        result = _call(lambda: as_plain(gather_outputs(outputs, output_device)), what=call,
+                       hint=GATHER_HINT, written_by_you=dp.gather)
+        _expect_same(result, expected, call, GATHER_HINT)

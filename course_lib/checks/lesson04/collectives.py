@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from ..engine import expect, grader
+from ..engine.boundary import grading_seed
 from ..engine.oracle import close, large_batch_sgd
 from ..engine.ranks import run_on_ranks
 from ..engine.replicas import gradient_scale
@@ -26,6 +27,7 @@ LAUNCH_TIMEOUT_S = 90
 BROADCAST_WORLD_SIZE = 2
 BROADCAST_SEED = 100         # rank r builds its model with seed BROADCAST_SEED + r
 BY_HAND_WORLD_SIZE = 3
+BY_HAND_DATA_SEED = 1        # the global batches' seed in a notebook (grading_seed shifts it)
 STEPS, GLOBAL_BATCH_SIZE, LR = 4, 24, 0.5  # 8 samples per rank per step
 SAME_COLLECTIVES = ("every rank must call the same collectives, in the same order, with tensors "
                     "of the same shape")
@@ -45,10 +47,11 @@ def _crash_hint(cause) -> str:
 
 # -- exercise 1: the broadcast at construction ---------------------------------------------------
 
-def broadcast_test_model(rank: int):
-    """Rank `rank`'s model before the broadcast: its own weights, BatchNorm running statistics
-    of its own (as if it had trained rank + 1 steps on data of its own), the first bias frozen."""
-    model = make_model_with_batchnorm(seed=BROADCAST_SEED + rank)
+def broadcast_test_model(rank: int, seed: int = BROADCAST_SEED):
+    """Rank `rank`'s model before the broadcast: its own weights (seed + rank), BatchNorm running
+    statistics of its own (as if it had trained rank + 1 steps on data of its own), the first bias
+    frozen. The grader's `seed` is grading_seed(BROADCAST_SEED): BROADCAST_SEED in a notebook."""
+    model = make_model_with_batchnorm(seed=seed + rank)
     model[0].bias.requires_grad_(False)
     norm = model[1]
     with torch.no_grad():
@@ -62,23 +65,26 @@ def _state(model) -> dict:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def _broadcast_on_rank(broadcast_parameters):
-    model = broadcast_test_model(dist.get_rank())
+def _broadcast_on_rank(broadcast_parameters, seed):
+    """The model's state after the learner's broadcast, and the ids of its parameter objects
+    before and after it (the grader compares them; `before` keeps the old ones alive)."""
+    model = broadcast_test_model(dist.get_rank(), seed)
     before = list(model.parameters())
     broadcast_parameters(model)
-    same_objects = [a is b for a, b in zip(before, model.parameters())] == [True] * len(before)
-    return _state(model), same_objects
+    return _state(model), [id(p) for p in before], [id(p) for p in model.parameters()]
 
 
 @grader("broadcast the parameters")
 def check_broadcast_parameters(broadcast_parameters):
-    what = "broadcast_parameters(model) on 2 ranks"
-    results = _run_on_ranks(_broadcast_on_rank, broadcast_parameters,
+    what = "broadcast_parameters(model) on 2 ranks"  # 2 ranks: the world is no input to draw
+    seed = grading_seed(BROADCAST_SEED)
+    results = _run_on_ranks(_broadcast_on_rank, broadcast_parameters, seed,
                             nprocs=BROADCAST_WORLD_SIZE, what=what)
-    initial = [_state(broadcast_test_model(rank)) for rank in range(BROADCAST_WORLD_SIZE)]
+    initial = [_state(broadcast_test_model(rank, seed)) for rank in range(BROADCAST_WORLD_SIZE)]
     buffers = {name for name, _ in broadcast_test_model(0).named_buffers()}
     frozen = {name for name, p in broadcast_test_model(0).named_parameters() if not p.requires_grad}
-    for rank, (state, same_objects) in enumerate(results):
+    for rank, (state, ids_before, ids_after) in enumerate(results):
+        same_objects = ids_before == ids_after
         differ = [name for name, tensor in initial[0].items() if not torch.equal(state[name], tensor)]
         if differ:
             own = [name for name in differ if torch.equal(state[name], initial[rank][name])]
@@ -112,13 +118,14 @@ def check_broadcast_parameters(broadcast_parameters):
 
 # -- exercise 2: DDP by hand ---------------------------------------------------------------------
 
-def _batches():
-    """STEPS global batches of the course data, as (X, y) pairs."""
-    X, y = make_dataset(STEPS * GLOBAL_BATCH_SIZE, seed=1).tensors
+def _batches(seed=BY_HAND_DATA_SEED):
+    """STEPS global batches of the course data, as (X, y) pairs; the grader's `seed` is
+    grading_seed(BY_HAND_DATA_SEED), the same in a notebook."""
+    X, y = make_dataset(STEPS * GLOBAL_BATCH_SIZE, seed=seed).tensors
     return list(zip(X.split(GLOBAL_BATCH_SIZE), y.split(GLOBAL_BATCH_SIZE)))
 
 
-def _by_hand_on_rank(train_step_by_hand):
+def _by_hand_on_rank(train_step_by_hand, seed):
     """Train with the learner's step and, side by side on the same shards, with torch's DDP."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -128,7 +135,7 @@ def _by_hand_on_rank(train_step_by_hand):
     ddp_model = DDP(make_model(seed=0))
     ddp_optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)
     losses, weights, ddp_weights = [], [], []
-    for X, y in _batches():
+    for X, y in _batches(seed):
         X_local, y_local = X[rank::world_size], y[rank::world_size]  # as DistributedSampler deals
         loss = train_step_by_hand(model, optimizer, X_local, y_local)
         try:
@@ -147,8 +154,11 @@ def _by_hand_on_rank(train_step_by_hand):
 def check_train_step_by_hand(train_step_by_hand):
     what = f"train_step_by_hand on {BY_HAND_WORLD_SIZE} ranks"
     # first, so that the ranks fork with torch.optim's imports done (seconds each otherwise)
-    single_losses, single_weights = large_batch_sgd(_batches(), LR)
-    results = _run_on_ranks(_by_hand_on_rank, train_step_by_hand, nprocs=BY_HAND_WORLD_SIZE,
+    seed = grading_seed(BY_HAND_DATA_SEED)
+    single_losses, single_weights = large_batch_sgd(_batches(seed), LR)
+    # torch's DDP ran beside the learner's step on the same shards: its weights come back raw
+    # and are compared here, as the learner's are
+    results = _run_on_ranks(_by_hand_on_rank, train_step_by_hand, seed, nprocs=BY_HAND_WORLD_SIZE,
                             what=what)
     for step in range(STEPS):
         before, after = single_weights[step], single_weights[step + 1]

@@ -6,14 +6,25 @@
   step with no all-reduce (under no_sync). Graded on hand-made timelines (buckets one after
   another, overlapping, three of them, a step under no_sync), which name each mistake first, and
   on one the grader records on 2 ranks, its times as they came.
+
+Where learner code runs (boundary.py): the learner's function is called on every step of a
+timeline inside a crossing, which returns what each call gave (a number, None, an error) as plain
+data, and the recorded timeline's spans with it (recorded there, before the learner's function
+sees it); the shares to compare with are computed here. The hand-made steps' times are warped at
+grading time by a monotone map drawn from grading_seed (none in a notebook), which keeps every
+step's shape (which spans overlap, which end together) and changes its shares.
 """
+import dataclasses
 import functools
+import random
+import traceback
 
 import torch
 import torch.nn.functional as F
 
 from ..engine import GradingError, expect, grader
-from ..engine.ranks import run_on_ranks
+from ..engine.boundary import crossing, grading_seed
+from ..engine.ranks import run_on_ranks, without_grader_frames
 from ...topics.timeline import merge_intervals, overlap_fraction
 from ...training.models import make_model
 from ...training.timeline_recorder import Span, Timeline, TimelineRecorder
@@ -34,9 +45,29 @@ HAND_MADE_STEPS = {
 }
 
 
-def _hand_made_timeline() -> Timeline:
+def _warp(seed: int):
+    """A monotone piecewise-linear map of time, its slope between 0.6 and 1.6 on every half
+    second, drawn from `seed`; the identity for seed 0 (the lesson's own timeline)."""
+    if seed == 0:
+        return lambda t: t
+    draw = random.Random(seed)
+    knots = [0.5 * i for i in range(1, 45)]  # up to 22 s: past every hand-made time
+    slopes = [draw.uniform(0.6, 1.6) for _ in knots]
+
+    def warp(t):
+        total, previous = 0.0, 0.0
+        for knot, slope in zip(knots, slopes):
+            total += slope * max(0.0, min(t, knot) - previous)
+            previous = knot
+        return total
+
+    return warp
+
+
+def _hand_made_timeline(seed: int = 0) -> Timeline:
+    """HAND_MADE_STEPS as a timeline, its times warped by _warp(seed)."""
     spans = []
-    for (rank, step), ((start, end), buckets) in HAND_MADE_STEPS.items():
+    for (rank, step), ((start, end), buckets) in _warped_steps(_warp(seed)).items():
         spans += [Span(rank, step, "data", start - 1.5, start - 1.0),
                   Span(rank, step, "forward", start - 1.0, start),
                   Span(rank, step, "backward", start, end),
@@ -46,6 +77,13 @@ def _hand_made_timeline() -> Timeline:
         if buckets:
             spans.append(Span(rank, step, "wait", buckets[-1][0], end))
     return Timeline(spans=spans, world_size=2, backend="gloo", steps=[3, 4, 5])
+
+
+def _warped_steps(warp) -> dict:
+    """HAND_MADE_STEPS with every time t as warp(t); the data, forward and optimizer spans around
+    backward are laid out from the warped times (1.5 s and 1 s before it, 0.5 s after)."""
+    return {key: ((warp(start), warp(end)), [(warp(a), warp(b)) for a, b in buckets])
+            for key, ((start, end), buckets) in HAND_MADE_STEPS.items()}
 
 
 def _record_a_timeline_on_rank():
@@ -72,45 +110,80 @@ def _record_a_timeline_on_rank():
 
 @functools.lru_cache(maxsize=1)
 def _recorded_timeline() -> Timeline:
-    """One real timeline of 2 gloo ranks, recorded once per process."""
+    """One real timeline of 2 gloo ranks, recorded once per process (the course's code only)."""
     return run_on_ranks(_record_a_timeline_on_rank, what="recording a timeline for the check",
-                        timeout=LAUNCH_TIMEOUT_S, hang_hint="the recording hung: run the check "
-                        "again (it uses no code of yours)")[0]
+                        timeout=LAUNCH_TIMEOUT_S, learner=False, hang_hint="the recording hung: "
+                        "run the check again (it uses no code of yours)")[0]
 
 
 @grader("hidden share of the all-reduce")
 def check_hidden_share(hidden_share):
     # The hand-made steps name each mistake first; then a real recording, its times as they came.
-    _check_every_step(hidden_share, _hand_made_timeline(), "a hand-made timeline")
-    _check_every_step(hidden_share, _recorded_timeline(), "a timeline recorded on 2 ranks")
+    seed = grading_seed(0)
+    answers = crossing("hidden_share on a hand-made timeline",
+                       lambda: _answers(hidden_share, _hand_made_timeline(seed)))
+    _check_every_step(answers, _hand_made_timeline(seed), "a hand-made timeline")
+    recorded = crossing("hidden_share on a timeline recorded on 2 ranks",
+                        lambda: _answers_on_a_recording(hidden_share))
+    timeline = Timeline(**{**recorded["timeline"],
+                           "spans": [Span(**span) for span in recorded["timeline"]["spans"]]})
+    _check_every_step(recorded["answers"], timeline, "a timeline recorded on 2 ranks")
 
 
-def _check_every_step(hidden_share, timeline, where):
-    for rank in range(timeline.world_size):
-        for step in timeline.steps:
-            _check_one_step(hidden_share, timeline, rank, step, where)
+def _answers_on_a_recording(hidden_share) -> dict:
+    """Beside the learner's code: a real timeline as plain data, and the learner's answers on it."""
+    timeline = _recorded_timeline()
+    return {"timeline": dataclasses.asdict(timeline), "answers": _answers(hidden_share, timeline)}
 
 
-def _check_one_step(hidden_share, timeline, rank, step, where):
+def _answers(hidden_share, timeline) -> list:
+    """Beside the learner's code: what hidden_share gave for every rank and step, in order."""
+    return [_answer(hidden_share, timeline, rank, step)
+            for rank in range(timeline.world_size) for step in timeline.steps]
+
+
+def _answer(hidden_share, timeline, rank, step) -> dict:
+    """One call's outcome as plain data: its value as a float (None when it is no number), whether
+    it was None, its text; or the error it raised (a stub's NotImplementedError goes through)."""
+    try:
+        got = hidden_share(timeline, rank, step)
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}", "traceback": without_grader_frames(
+            "".join(traceback.format_exception(error)))}
+    try:
+        value = float(got)
+    except (TypeError, ValueError, RuntimeError):
+        value = None
+    return {"error": None, "none": got is None, "value": value, "text": str(got)[:120],
+            "repr": repr(got)[:120]}
+
+
+def _check_every_step(answers, timeline, where):
+    steps = [(rank, step) for rank in range(timeline.world_size) for step in timeline.steps]
+    expect(isinstance(answers, list) and len(answers) == len(steps), f"hidden_share on {where}",
+           f"an answer for each of {len(steps)} steps", "another number of answers")
+    for (rank, step), answer in zip(steps, answers):
+        _check_one_step(answer, timeline, rank, step, where)
+
+
+def _check_one_step(answer, timeline, rank, step, where):
     call = f"hidden_share(timeline, rank={rank}, step={step}) on {where}"
     expected = overlap_fraction(timeline, rank, step)
     if expected is None:  # a step under no_sync
-        try:
-            got = hidden_share(timeline, rank, step)
-        except NotImplementedError:
-            raise
-        except Exception as error:
-            got = f"{type(error).__name__}: {error}"
+        got = answer["error"] or (None if answer["none"] else answer["text"])
         expect(got is None, call + " (a step with no all-reduce)", "None", str(got)[:120],
                f"step {step} ran under no_sync: it has no all-reduce, so no share to give "
                "(the exercise asks for None)")
         return
-    got = hidden_share(timeline, rank, step)
-    try:
-        value = float(got)
-    except (TypeError, ValueError, RuntimeError):
-        raise GradingError(call, f"a share between 0 and 1 ({expected:.3f})", repr(got)[:120],
-                           "the share is a number between 0 and 1") from None
+    if answer["error"]:
+        raise GradingError(call, "a result", answer["error"][:300], "", "your function's "
+                           f"traceback (the grader's frames left out):\n{answer['traceback']}")
+    value = answer["value"]
+    if value is None:
+        raise GradingError(call, f"a share between 0 and 1 ({expected:.3f})", answer["repr"],
+                           "the share is a number between 0 and 1")
     expect(abs(value - expected) <= SHARE_TOLERANCE, call,
            f"{expected:.3f} (within {SHARE_TOLERANCE})", f"{value:.3f}",
            _share_hint(value, timeline, rank, step))

@@ -10,6 +10,7 @@
 import torch
 
 from ..engine import expect, expect_equal, grader
+from ..engine.boundary import grading_seed
 from ..engine.ranks import run_on_ranks
 
 LAUNCH_TIMEOUT_S = 90
@@ -44,9 +45,17 @@ def _indices_on_rank(indices_for_rank, cases):
     return results
 
 
+def grading_cases() -> dict:
+    """SAMPLER_CASES with each seed drawn at grading time: grading_seed(seed), itself in a
+    notebook. The sizes, epochs and worlds are the edges the cases test: they stay."""
+    return {world_size: [(n_samples, epoch, grading_seed(seed), drop_last)
+                         for n_samples, epoch, seed, drop_last in cases]
+            for world_size, cases in SAMPLER_CASES.items()}
+
+
 @grader("indices for a rank")
 def check_indices_for_rank(indices_for_rank):
-    for world_size, cases in SAMPLER_CASES.items():
+    for world_size, cases in grading_cases().items():
         per_rank = run_on_ranks(
             _indices_on_rank, indices_for_rank, cases, nprocs=world_size,
             what=f"indices_for_rank on {world_size} ranks", timeout=LAUNCH_TIMEOUT_S,

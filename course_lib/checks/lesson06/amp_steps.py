@@ -1,6 +1,8 @@
-"""Running a learner's AMP step beside a correct one, for lesson 06's graders: the correct steps,
-the same model, optimizer and data for both, the weights to compare, the scaler's refusals as
-verdicts, and what the size of an SGD update says about how the gradient was clipped.
+"""Running a learner's AMP step and a correct one from the same start, for lesson 06's graders:
+the correct steps, the same model, optimizer and data for both, the learner's steps observed as
+plain data on their side of the boundary (weights, losses, scale, the scaler's refusal) and the
+correct ones run on the grader's, the weights to compare, and what the size of an SGD update says
+about how the gradient was clipped.
 
 Everything runs on the CPU with float16 autocast and torch.amp.GradScaler("cpu").
 """
@@ -8,18 +10,20 @@ import torch
 import torch.nn.functional as F
 
 from ..engine import GradingError, expect
+from ..engine.boundary import grading_seed
 
 LR = 0.1  # plain SGD: an update is LR x the gradient that stepped, so its size shows the clipping
 
 
-def setup(seed=0):
-    """(model, SGD optimizer, X, y): the course model and 128 samples, the same at every call."""
+def setup():
+    """(model, SGD optimizer, X, y): the course model and 128 samples, the same at every call (of
+    one grading: the seeds are grading_seed's)."""
     from ...training.data import make_dataset
     from ...training.models import make_model
 
-    model = make_model(seed=seed)
+    model = make_model(seed=grading_seed(0))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    X, y = make_dataset(n_samples=128, seed=6).tensors
+    X, y = make_dataset(n_samples=128, seed=grading_seed(6)).tensors
     return model, optimizer, X, y
 
 
@@ -57,19 +61,47 @@ def reference_amp_accumulation_step(model, optimizer, scaler, micro_batches, max
     return total
 
 
-def steps_side_by_side(amp_accumulation_step, steps, init_scale=65536.0, max_norm=1e3):
-    """(model, reference model, returned losses): one step per list of micro-batches, each by the
-    answer and by the reference, from the same start. max_norm 1e3 does not clip: clipping would
-    hide a gradient of the wrong size."""
-    (model, optimizer, _, _), (reference, reference_optimizer, _, _) = setup(), setup()
-    scaler, reference_scaler = (torch.amp.GradScaler("cpu", init_scale=init_scale) for _ in range(2))
-    losses = []
-    for micro_batches in steps:
-        losses.append(call_step(amp_accumulation_step, model, optimizer, scaler, micro_batches,
-                                max_norm))
-        reference_amp_accumulation_step(reference, reference_optimizer, reference_scaler,
-                                        micro_batches, max_norm)
-    return model, reference, losses
+def observe_steps(step_function, steps, init_scale, max_norm):
+    """On the learner's side of the boundary: the learner's step_function(model, optimizer, scaler,
+    *data, max_norm) for each `data` of `steps`, from setup()'s model and a fresh scaler. Returns
+    plain data: the weights after each step, what each step returned (a float, or None, and its
+    repr), the scale at the end, the dtypes of the first Linear's outputs, and the scaler's refusal
+    of a second unscale_/step (the text of its error; then the steps stop)."""
+    model, optimizer, _, _ = setup()
+    dtypes = first_layer_dtypes(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    observed = {"weights": [], "losses": [], "shown": [], "refused": None}
+    for data in steps:
+        try:
+            loss = step_function(model, optimizer, scaler, *data, max_norm)
+        except RuntimeError as error:
+            if "since the last update()" not in str(error):
+                raise
+            observed["refused"] = str(error)
+            break
+        observed["weights"].append(weights(model))
+        observed["losses"].append(_float_or_none(loss))
+        observed["shown"].append(repr(loss)[:80])
+    observed.update(scale=scaler.get_scale(), dtypes=list(dtypes))
+    return observed
+
+
+def _float_or_none(loss):
+    try:
+        return float(loss)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def reference_weights(reference_step, steps, init_scale, max_norm):
+    """The weights after each of the correct steps, from the same start: the grader's side."""
+    model, optimizer, _, _ = setup()
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    after = []
+    for data in steps:
+        reference_step(model, optimizer, scaler, *data, max_norm)
+        after.append(weights(model))
+    return after
 
 
 def fp32_loss_and_grad_norm(X, y):
@@ -88,28 +120,22 @@ def first_layer_dtypes(model):
     return seen
 
 
-def as_float(loss, what):
-    """The returned loss as a float, or a verdict that it is not a number."""
-    try:
-        return float(loss)
-    except (TypeError, ValueError, RuntimeError):
-        expect(False, what, "the loss as a number", repr(loss)[:80],
-               "the step returned something that is not a number")
+def as_float(observed, index, what):
+    """The loss the step `index` returned, as a float, or a verdict that it is not a number."""
+    expect(observed["losses"][index] is not None, what, "the loss as a number",
+           observed["shown"][index], "the step returned something that is not a number")
+    return observed["losses"][index]
 
 
-def call_step(step_function, *args):
-    """The learner's step; the scaler's refusal of a second unscale_/step becomes a verdict."""
-    try:
-        return step_function(*args)
-    except RuntimeError as error:
-        if "since the last update()" not in str(error):
-            raise
+def expect_no_refusal(observed):
+    """The scaler's refusal of a second unscale_/step, seen on the learner's side, as a verdict."""
+    if observed["refused"] is not None:
         raise GradingError("the scaler's calls in one optimizer step",
                            "unscale_ and step at most once per optimizer step, then update",
-                           f"RuntimeError: {error}",
+                           f"RuntimeError: {observed['refused']}",
                            "the scaler refused to unscale or step a second time in the same "
                            "optimizer step: yours does it more than once before the update "
-                           "(per micro-batch?)") from None
+                           "(per micro-batch?)")
 
 
 def clipping_hint(update_norm, max_norm, true_norm, scale):

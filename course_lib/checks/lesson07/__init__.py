@@ -19,9 +19,9 @@ resume on 2 ranks (compared with an uninterrupted run), and keeping the last N c
   number, not by name or modification time); other files are left alone.
 
 The resume grader runs your save and load functions on 2 gloo ranks (resume_run.py in this
-package); the others run in this process. save_watch.py watches the saves.
+package); the others run in this process. save_watch.py watches the saves, observe.py runs
+the saves and prunes in this process and returns what they did as plain data.
 """
-import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -29,43 +29,35 @@ from pathlib import Path
 import torch
 
 from ..engine import expect, expect_close, expect_equal, grader
-from ..engine.call_watch import calls_of
-from ..engine.learner_call import library_call_hint
+from ..engine.boundary import grading_seed
+from ..engine.learner_call import call_learner, library_call_hint
 from ..engine.ranks import run_on_ranks
-from ...topics.crash_safety import SimulatedCrash, crash_half_way_through_torch_save
-from ...training.checkpoint import list_checkpoints, write_atomically
 from ...training.models import make_model
-from .resume_run import (FIRST_SAVE_AT, SLOW_SAVE_S, STEPS, STOP_AT, WORLD_SIZES, diagnose,
-                         loads_a_gpu_checkpoint, loads_hidden_code, resume_on_rank)
-from .save_watch import CRASH_POINTS, RENAMES, crash_at, record_file_calls
+from .observe import crashed_save, observed_save, pruned, saved
+from .resume_run import (FIRST_SAVE_AT, SEED, SLOW_SAVE_S, STEPS, STOP_AT, WORLD_SIZES, DATA_SEED,
+                         loads_a_gpu_checkpoint, loads_hidden_code, on_disk_when_returned,
+                         resume_on_rank, what_was_seen)
+from .save_watch import CRASH_POINTS, RENAMES
 
 LAUNCH_TIMEOUT_S = 90
+SAVE_CALL = "atomic_save(state, path)"
 
 
 # -- exercise 1: an atomic save ------------------------------------------------------------------
 
 def _state(version):
-    model = make_model(seed=version)
+    model = make_model(seed=grading_seed(version))
     return {"model": model.state_dict(), "step": version, "note": f"version {version}"}
 
 
 def _same_state(loaded, expected) -> bool:
-    return (isinstance(loaded, dict) and loaded.get("step") == expected["step"]
-            and all(torch.equal(loaded["model"][name], tensor)
+    """Whether a checkpoint observed on the learner's side (observe.checkpoint_at) is `expected`."""
+    state = loaded["state"]
+    return (state is not None and state["step"] == expected["step"]
+            and isinstance(state["model"], dict)
+            and all(isinstance(state["model"].get(name), torch.Tensor)
+                    and torch.equal(state["model"][name], tensor)
                     for name, tensor in expected["model"].items()))
-
-
-def _load(path):
-    try:
-        return torch.load(path, weights_only=True)
-    except Exception as error:  # truncated: torch raises RuntimeError, EOFError... by case
-        return error
-
-
-def _shown(loaded) -> str:
-    if isinstance(loaded, Exception):
-        return f"{type(loaded).__name__}: {str(loaded)[:80]}"
-    return repr(loaded)[:100]
 
 
 @grader("atomic save")
@@ -73,57 +65,50 @@ def check_atomic_save(atomic_save):
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "checkpoint.pt"
         first, second = _state(1), _state(2)
-        with record_file_calls() as calls, calls_of(write_atomically) as library_calls:
-            atomic_save(first, path)
-        expect(not library_calls, "atomic_save(state, path)", "your own atomic save",
+        save = call_learner(observed_save, atomic_save, first, path, what=SAVE_CALL)
+        expect(not save["library_calls"], SAVE_CALL, "your own atomic save",
                "a call of course_lib.training.checkpoint.write_atomically",
                library_call_hint("write_atomically", "exercise 1"))
-        expect(path.exists(), "the file after atomic_save(state, path)", "a checkpoint at path",
+        expect(save["exists"], "the file after atomic_save(state, path)", "a checkpoint at path",
                "no file at path", "atomic_save returned, and nothing has the name path")
-        loaded = _load(path)
+        loaded = save["checkpoint"]
         expect(_same_state(loaded, first), "torch.load(path) after atomic_save", "the saved state",
-               _shown(loaded), "the file at path does not load back as the state you were given")
-        left = sorted(p.name for p in Path(directory).iterdir() if p.name != path.name)
-        expect_equal(left, [], "other files left in the folder",
+               loaded["shown"], "the file at path does not load back as the state you were given")
+        expect_equal(save["left"], [], "other files left in the folder",
                      "after a save that did not crash, only path may stay: the temporary file "
                      "becomes path")
-        _expect_synced_then_renamed(calls, path)
-        with crash_half_way_through_torch_save():
-            with contextlib.suppress(SimulatedCrash):
-                atomic_save(second, path)
-        loaded = _load(path)
+        _expect_synced_then_renamed(save["calls"], path)
+        loaded = call_learner(crashed_save, atomic_save, second, path, "half way", what=SAVE_CALL)
         expect(_same_state(loaded, first), "path after a crash half way through saving the next "
-               "checkpoint", "the previous checkpoint, whole and loadable", _shown(loaded),
+               "checkpoint", "the previous checkpoint, whole and loadable", loaded["shown"],
                "path itself was being written when the process died: the previous checkpoint "
                "was gone before the new one was complete")
-        for where, names in CRASH_POINTS:
-            with crash_at(*names):
-                with contextlib.suppress(SimulatedCrash):
-                    atomic_save(second, path)
-            loaded = _load(path)
+        for where, _ in CRASH_POINTS:
+            loaded = call_learner(crashed_save, atomic_save, second, path, where, what=SAVE_CALL)
             expect(_same_state(loaded, first), f"path after a crash {where} of the next save",
-                   "the previous checkpoint, whole and loadable", _shown(loaded),
+                   "the previous checkpoint, whole and loadable", loaded["shown"],
                    f"the process died {where}, and path had already changed: it was removed or "
                    f"written before the final rename")
 
-        atomic_save(second, path)  # a save after the crash must succeed, over any leftover
-        expect(_same_state(_load(path), second), "path after the next, successful save",
+        # a save after the crash must succeed, over any leftover
+        loaded = call_learner(saved, atomic_save, second, path, what=SAVE_CALL)
+        expect(_same_state(loaded, second), "path after the next, successful save",
                "the new state", "something else",
                "after a crashed save, the next one must still put its state at path, whatever "
                "the crash left behind")
 
 
 def _expect_synced_then_renamed(calls, path):
-    """The file renamed onto `path` was fsynced, all its bytes, before the rename, in its folder."""
+    """The file renamed onto `path` was fsynced, all its bytes, before the rename, in its folder.
+    `calls` are observe.observed_save's: paths relative to path's folder."""
     renames = [index for index, (name, *_) in enumerate(calls) if name in RENAMES]
-    expect(bool(renames) and calls[renames[-1]][1] == os.fspath(path),
+    expect(bool(renames) and calls[renames[-1]][1] == path.name,
            "how the file reached path", "a rename of the temporary file onto path",
            "no rename onto path" if not renames else f"renames {[c[1:3] for c in calls]}",
            "path was written in place: a crash during the write leaves half a file there")
-    _, _, source, size, identity = calls[renames[-1]]
-    source_folder = Path(source).resolve().parent
-    expect(source_folder == path.resolve().parent, "the folder of the temporary file",
-           "path's own folder", str(source_folder),
+    _, _, _, size, identity, source_folder, source_folder_shown = calls[renames[-1]]
+    expect(source_folder == ".", "the folder of the temporary file",
+           "path's own folder", source_folder_shown,
            "a rename is atomic only within one file system, and another folder may be on another "
            "one (then the rename fails): the file renamed onto path came from elsewhere")
     synced = [call for call in calls[: renames[-1]] if call[0] == "fsync"]
@@ -168,8 +153,9 @@ def check_resume(save_training_state, load_training_state):
             path.parent.mkdir()
             what = f"a run resumed with your functions on {world_size} ranks"
             results = _run_on_ranks(resume_on_rank, save_training_state, load_training_state,
-                                    path, world_size=world_size, what=what)
-            _judge_resume(results, path, f"on {world_size} ranks")
+                                    path, grading_seed(DATA_SEED), grading_seed(SEED),
+                                    world_size=world_size, what=what)
+            _judge_resume(results, f"on {world_size} ranks")
         [gpu] = run_on_ranks(loads_a_gpu_checkpoint, load_training_state, path, nprocs=1,
                              what="load_training_state on 1 rank", timeout=LAUNCH_TIMEOUT_S,
                              hang_hint="on one rank alone, no collective can wait for another",
@@ -181,7 +167,9 @@ def check_resume(save_training_state, load_training_state):
                "torch.load puts each tensor back on the device it was saved from unless "
                "map_location says where: a checkpoint from rank 1 of an NCCL run asks for "
                "cuda:1, which a machine with one GPU (or none) does not have")
-        expect(not loads_hidden_code(load_training_state, path),
+        code_ran = call_learner(loads_hidden_code, load_training_state, path,
+                                what="load_training_state(path, model, optimizer)")
+        expect(not code_ran,
                "load_training_state on a checkpoint with an object hidden in it (like section "
                "4's Payload, harmless here)",
                "the load refuses the object (it is not a tensor or a plain container)",
@@ -190,7 +178,7 @@ def check_resume(save_training_state, load_training_state):
                "machine: the load must rebuild tensors and plain containers only")
 
 
-def _judge_resume(results, path, ranks):
+def _judge_resume(results, ranks):
     """The run on `ranks` (e.g. "on 2 ranks"): one writer, slow and waited for, a whole previous
     checkpoint wherever rank 0 could die, the step returned, the uninterrupted run's numbers."""
     for rank, result in enumerate(results[1:], start=1):
@@ -208,7 +196,7 @@ def _judge_resume(results, path, ranks):
         early = (f"returned {written_at - result['returned_at']:.2f} s before rank 0's file "
                  f"was on disk" if written_at and result["returned_at"] < written_at
                  else "the file at path was not the new checkpoint yet")
-        expect(result["on_disk"] and written_at is not None
+        expect(on_disk_when_returned(result) and written_at is not None
                and result["returned_at"] >= written_at,
                f"the checkpoint when save_training_state returned on rank {rank} ({ranks})",
                "the new checkpoint, on disk", early,
@@ -216,14 +204,14 @@ def _judge_resume(results, path, ranks):
                f"train past a checkpoint that is not there")
         expect_equal(result["step"], STOP_AT, f"the step load_training_state returned on rank "
                      f"{rank} ({ranks})", "the step saved with the checkpoint is the one to return")
-    _expect_previous_checkpoint_survives(results[0]["seen"])
+    _expect_previous_checkpoint_survives(what_was_seen(results[0]))
+    diagnosis = results[0]["diagnosis"]  # what the checkpoint lacks, read on rank 0 at the end
     for rank, result in enumerate(results):
         expect_close(result["losses"], result["expected"],
                      f"rank {rank}'s losses ({ranks}), {STOP_AT} steps + resume + "
-                     f"{STEPS - STOP_AT} steps", diagnose(path, len(results)), rtol=1e-6, atol=1e-7)
+                     f"{STEPS - STOP_AT} steps", diagnosis, rtol=1e-6, atol=1e-7)
         expect_close(result["weights"], result["expected_weights"],
-                     f"rank {rank}'s final weights ({ranks})", diagnose(path, len(results)),
-                     rtol=1e-6, atol=1e-7)
+                     f"rank {rank}'s final weights ({ranks})", diagnosis, rtol=1e-6, atol=1e-7)
 
 
 def _expect_previous_checkpoint_survives(seen):
@@ -243,9 +231,9 @@ SAVED_STEPS = [2, 9, 10, 11, 100, 101]
 OTHER_FILES = [".step_102.pt.tmp", "config.json", "step_7.pt.old"]
 
 
-def _make_folder(directory):
+def _make_folder(directory, saved_steps):
     # mtimes in a shuffled order: files copied between machines do not keep them
-    for index, step in enumerate(SAVED_STEPS):
+    for index, step in enumerate(saved_steps):
         path = Path(directory) / f"step_{step}.pt"
         path.write_bytes(b"checkpoint")
         os.utime(path, (1_000_000 + 37 * index % 11, 1_000_000 + 37 * index % 11))
@@ -255,17 +243,17 @@ def _make_folder(directory):
 
 @grader("keep the last N")
 def check_prune_checkpoints(prune_checkpoints):
+    saved_steps = [step * (1 + grading_seed(0) % 3) for step in SAVED_STEPS]  # drawn at grading
     for keep_last in (3, 1, 6, 10):
         with tempfile.TemporaryDirectory() as directory:
-            _make_folder(directory)
-            with calls_of(list_checkpoints) as library_calls:
-                prune_checkpoints(Path(directory), keep_last)
-            expect(not library_calls, f"prune_checkpoints(directory, keep_last={keep_last})",
-                   "your own choice of the files to delete",
+            _make_folder(directory, saved_steps)
+            call = f"prune_checkpoints(directory, keep_last={keep_last})"
+            seen = call_learner(pruned, prune_checkpoints, directory, keep_last, what=call)
+            expect(not seen["library_calls"], call, "your own choice of the files to delete",
                    "a call of course_lib.training.checkpoint.list_checkpoints",
                    library_call_hint("list_checkpoints", "exercise 3"))
-            left = sorted(path.name for path in Path(directory).iterdir())
-        kept_steps = SAVED_STEPS[-keep_last:]
+            left = seen["left"]
+        kept_steps = saved_steps[-keep_last:]
         expected = sorted([f"step_{step}.pt" for step in kept_steps] + OTHER_FILES)
         removed_others = sorted(set(OTHER_FILES) - set(left))
         deleted = [name for name in expected if name not in left and name not in OTHER_FILES]
@@ -278,4 +266,4 @@ def check_prune_checkpoints(prune_checkpoints):
         else:
             hint = f"you kept {kept}, older than the {keep_last} largest steps"
         expect_equal(left, expected, f"the folder after prune_checkpoints(directory, "
-                     f"keep_last={keep_last}) (saved steps {SAVED_STEPS})", hint)
+                     f"keep_last={keep_last}) (saved steps {saved_steps})", hint)

@@ -13,13 +13,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
+from ..engine.observations import as_plain
 from ...training.data import make_dataset
 from ...training.models import make_model
 from .save_watch import digest, watched_save
 
 WORLD_SIZES = (2, 3)  # a save written for 2 ranks only fails on 3
 STEPS, FIRST_SAVE_AT, STOP_AT = 8, 2, 3
-BATCH_SIZE, LR, DROPOUT, SEED = 16, 0.01, 0.3, 100
+BATCH_SIZE, LR, DROPOUT = 16, 0.01, 0.3
+SEED, DATA_SEED = 100, 7  # the bases of the grading seeds (engine/boundary.grading_seed)
 SLOW_SAVE_S = 0.5  # rank 0's save takes this much longer: a rank that does not wait will notice
 
 
@@ -123,19 +125,20 @@ def loads_a_gpu_checkpoint(load_training_state, path) -> dict:
     return {"device": device, "error": None}
 
 
-def resume_on_rank(save_training_state, load_training_state, path):
+def resume_on_rank(save_training_state, load_training_state, path, data_seed, seed):
     """An uninterrupted run, then the same run saved after FIRST_SAVE_AT and STOP_AT steps, rebuilt
-    from scratch (reseeded as a new process would be), loaded and trained to the end."""
+    from scratch (reseeded as a new process would be), loaded and trained to the end. Both runs'
+    raw numbers come back (the grader compares them), and on rank 0 what the checkpoint lacks."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = dist.get_rank()
-    X, y = make_dataset(n_samples=256, seed=7).tensors
-    torch.manual_seed(SEED + rank)  # each rank its own batches and dropout masks
+    X, y = make_dataset(n_samples=256, seed=data_seed).tensors
+    torch.manual_seed(seed + rank)  # each rank its own batches and dropout masks
     model, optimizer = build_training()
     expected = train_steps(DDP(model), optimizer, X, y, STEPS)
     expected_weights = parameters_to_vector(model.parameters()).detach().clone()
 
-    torch.manual_seed(SEED + rank)
+    torch.manual_seed(seed + rank)
     model, optimizer = build_training()
     ddp_model = DDP(model)
     losses = train_steps(ddp_model, optimizer, X, y, FIRST_SAVE_AT)
@@ -151,20 +154,34 @@ def resume_on_rank(save_training_state, load_training_state, path):
     dist.barrier()
     final = digest(path)
 
-    torch.manual_seed(SEED + rank)  # a new process runs the script from the top
+    torch.manual_seed(seed + rank)  # a new process runs the script from the top
     model, optimizer = build_training()
     step = load_training_state(path, model, optimizer)
     losses += train_steps(DDP(model), optimizer, X, y, STEPS - STOP_AT)
-    seen = [(where, "the previous checkpoint" if found == previous else "the new checkpoint"
-             if found == final else "no file" if found is None else f"{found[1]} bytes that are "
-             f"neither checkpoint (half written: the new one has {final[1] if final else 0})")
-            for where, found in watch["seen"]]
     return {"expected": expected, "expected_weights": expected_weights, "losses": losses,
             "weights": parameters_to_vector(model.parameters()).detach().clone(),
-            "saves": watch["saves"], "seen": seen, "step": step,
+            "saves": watch["saves"], "seen": watch["seen"], "step": as_plain(step),
             "save_seconds": returned - started, "returned_at": returned,
             "written_at": watch["written_at"],
-            "on_disk": when_save_returned is not None and when_save_returned == final != previous}
+            "digests": {"previous": previous, "final": final, "when_returned": when_save_returned},
+            "diagnosis": diagnose(path, dist.get_world_size()) if rank == 0 else ""}
+
+
+def what_was_seen(result) -> list:
+    """[(where, what the file at path was)] wherever rank 0 could have died in its save, from the
+    fingerprints a rank's result holds (save_watch.digest's), named on the grader's side."""
+    previous, final = result["digests"]["previous"], result["digests"]["final"]
+    return [(where, "the previous checkpoint" if found == previous else "the new checkpoint"
+             if found == final else "no file" if found is None else f"{found[1]} bytes that are "
+             f"neither checkpoint (half written: the new one has {final[1] if final else 0})")
+            for where, found in result["seen"]]
+
+
+def on_disk_when_returned(result) -> bool:
+    """Whether the file at path was the new checkpoint when save_training_state returned."""
+    digests = result["digests"]
+    return (digests["when_returned"] is not None
+            and digests["when_returned"] == digests["final"] != digests["previous"])
 
 
 def _tensors_and_dicts(value):

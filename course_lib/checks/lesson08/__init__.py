@@ -21,9 +21,10 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..engine import expect, expect_close, grader
+from ..engine.boundary import grading_seed
 from ...training.models import make_model_with_unused_branch
-from .fix_runs import (WORLD_SIZE, mean_loss_on_rank, reference_body, run_fix,
-                       save_then_load_on_rank, train_on_rank)
+from .fix_runs import (WORLD_SIZE, indices_on_rank, loss_of_rank, mean_loss_on_rank,
+                       reference_body, run_fix, save_then_load_on_rank, train_on_rank)
 
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -36,15 +37,18 @@ def _numbers_in(text: str) -> list:
 
 @grader("the log line")
 def check_log_mean_loss(log_mean_loss):
-    results = run_fix(lambda: mean_loss_on_rank(log_mean_loss), "log_mean_loss, then a barrier, "
-                      "on 2 ranks")
-    losses = [float(rank + 1) for rank in range(WORLD_SIZE)]
+    shift = grading_seed(0) % 5  # rank r's loss is r + 1 + shift: the mean, the sum and each
+    # rank's own stay apart; the world is fixed at 2 ranks, what the pitfall's run had
+    results = run_fix(lambda: mean_loss_on_rank(log_mean_loss, shift), "log_mean_loss, then a "
+                      "barrier, on 2 ranks")
+    losses = [loss_of_rank(rank, shift) for rank in range(WORLD_SIZE)]
     expected = sum(losses) / WORLD_SIZE
     for rank, (mean, _) in enumerate(results):
         if abs(mean - expected) > 1e-5:
             said = {sum(losses): "the sum over the ranks", losses[rank]: f"rank {rank}'s own loss"}
             which = next((name for value, name in said.items() if abs(mean - value) < 1e-5), None)
-            expect(False, f"what log_mean_loss returns on rank {rank} (rank r's loss is r + 1)",
+            expect(False, f"what log_mean_loss returns on rank {rank} (rank r's loss is "
+                   f"r + {1 + shift})",
                    f"the mean over the ranks, {expected:g}", f"{mean:g}",
                    f"that is {which}: every rank goes on training with the mean" if which else
                    "every rank must return the mean of all ranks' losses")
@@ -66,8 +70,10 @@ def check_log_mean_loss(log_mean_loss):
 
 @grader("the second step")
 def check_wrap_model(wrap_model):
-    results = run_fix(lambda: train_on_rank(wrap_model), "3 DDP steps with wrap_model on 2 ranks")
-    reference = reference_body()
+    seed = grading_seed(1)  # the data's
+    results = run_fix(lambda: train_on_rank(wrap_model, seed), "3 DDP steps with wrap_model on 2 "
+                      "ranks")
+    reference = reference_body(seed)
     apart = any(not torch.allclose(results[0][name], results[1][name], rtol=1e-4, atol=1e-6)
                 for name in reference)
     hint = ("the two ranks ended with different weights: their gradients were never averaged"
@@ -86,8 +92,9 @@ N_INDICES, EPOCHS = 20, 3
 
 @grader("every epoch the same")
 def check_indices_per_epoch(indices_per_epoch):
+    # The input is the dataset's size only, fixed: the learner's sampler draws the orders.
     dataset = TensorDataset(torch.arange(N_INDICES))
-    results = run_fix(lambda: indices_per_epoch(dataset, epochs=EPOCHS, batch_size=4),
+    results = run_fix(lambda: indices_on_rank(indices_per_epoch, dataset, EPOCHS, 4),
                       "indices_per_epoch on 2 ranks")
     every_index = list(range(N_INDICES))
     for epoch in range(EPOCHS):
@@ -118,11 +125,13 @@ WAKE_BAND_S = 0.75  # a rank told that the save ended returns within ms; a fixed
 
 @grader("the checkpoint the others read")
 def check_save_checkpoint(save_checkpoint):
+    seed = grading_seed(0)  # the new weights'; last epoch's are another seed's
+    new_weights = make_model_with_unused_branch(seed=seed).state_dict()
     for seconds in DISK_SECONDS:
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "model.pt")
-            torch.save(make_model_with_unused_branch(seed=1).state_dict(), path)  # last epoch's
-            results = run_fix(lambda: save_then_load_on_rank(save_checkpoint, path, seconds),
+            torch.save(make_model_with_unused_branch(seed=seed + 1).state_dict(), path)
+            results = run_fix(lambda: save_then_load_on_rank(save_checkpoint, path, seconds, seed),
                               f"save_checkpoint on 2 ranks, rank 0's disk taking {seconds:g} s")
         where = f"with rank 0's disk taking {seconds:g} s"
         expect([saves for saves, *_ in results] == [1, 0], f"torch.save calls on ranks 0 and 1 "
@@ -130,7 +139,8 @@ def check_save_checkpoint(save_checkpoint):
                "the ranks hold the same weights: one writer is enough, and two writers of one "
                "file tear it")
         save_ended = results[0][3]
-        for rank, (_, loaded, returned, _) in enumerate(results):
+        for rank, (_, load, returned, _) in enumerate(results):
+            loaded = _what_was_loaded(load, new_weights)
             expect(loaded == "the new weights", f"what rank {rank} loads right after "
                    f"save_checkpoint returns, {where}", "the new weights", loaded,
                    "when save_checkpoint returns on this rank, rank 0 has not finished writing")
@@ -140,3 +150,17 @@ def check_save_checkpoint(save_checkpoint):
                    f"{late:+.2f} s from it", "a rank must not return before the file is "
                    "complete, and no later than it must: a fixed wait is right for one disk "
                    "only" if late > 0 else "this rank returned while rank 0 was still writing")
+
+
+def _what_was_loaded(load, new_weights) -> str:
+    """What a rank's load read back: the new weights, older (or other) ones, or its error."""
+    if "error" in load:
+        return load["error"]
+    state = load["state"]
+    new = isinstance(state, dict) and all(
+        torch.equal(_tensor_or_empty(state.get(name)), tensor) for name, tensor in new_weights.items())
+    return "the new weights" if new else "an older checkpoint (or other weights)"
+
+
+def _tensor_or_empty(value):
+    return value if isinstance(value, torch.Tensor) else torch.empty(0)

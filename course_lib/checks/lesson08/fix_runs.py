@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..engine.observations import as_plain
 from ..engine.ranks import run_on_ranks
 from ...runtime.shared.env import device_for_rank
 from ...topics import pitfalls
@@ -31,9 +32,14 @@ def run_fix(fn, what: str, hang_hint: str = READ_THE_RUN):
 
 # -- exercise 1: the log line -------------------------------------------------------------------
 
-def mean_loss_on_rank(log_mean_loss):
+def loss_of_rank(rank: int, shift: int) -> float:
+    """Rank r's loss in the log line's run: r + 1, shifted by the grading seed's `shift`."""
+    return float(rank + 1 + shift)
+
+
+def mean_loss_on_rank(log_mean_loss, shift):
     rank = dist.get_rank()
-    loss = torch.tensor(float(rank + 1), device=device_for_rank())
+    loss = torch.tensor(loss_of_rank(rank, shift), device=device_for_rank())
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         mean = log_mean_loss(loss)
@@ -46,29 +52,29 @@ def mean_loss_on_rank(log_mean_loss):
 STEPS, BATCH_PER_RANK, LR = 3, 8, 0.1
 
 
-def batches(rank: int):
-    X, y = make_dataset(n_samples=STEPS * BATCH_PER_RANK * WORLD_SIZE, seed=1).tensors
+def batches(rank: int, seed: int):
+    X, y = make_dataset(n_samples=STEPS * BATCH_PER_RANK * WORLD_SIZE, seed=seed).tensors
     X, y = X.view(STEPS, WORLD_SIZE, BATCH_PER_RANK, -1), y.view(STEPS, WORLD_SIZE, BATCH_PER_RANK)
     return [(X[step, rank], y[step, rank]) for step in range(STEPS)]
 
 
-def train_on_rank(wrap_model):
+def train_on_rank(wrap_model, seed):
     rank, device = dist.get_rank(), device_for_rank()
     model = make_model_with_unused_branch(seed=0).to(device)
     wrapped = wrap_model(model)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=LR)
-    for X, y in batches(rank):
+    for X, y in batches(rank, seed):
         optimizer.zero_grad()
         F.cross_entropy(wrapped(X.to(device)), y.to(device)).backward()
         optimizer.step()
     return {name: tensor.cpu() for name, tensor in model.body.state_dict().items()}
 
 
-def reference_body():
+def reference_body(seed):
     """One process on the whole global batch: what averaged gradients must give."""
     model = make_model_with_unused_branch(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    per_rank = [batches(rank) for rank in range(WORLD_SIZE)]
+    per_rank = [batches(rank, seed) for rank in range(WORLD_SIZE)]
     for step in range(STEPS):
         X = torch.cat([per_rank[rank][step][0] for rank in range(WORLD_SIZE)])
         y = torch.cat([per_rank[rank][step][1] for rank in range(WORLD_SIZE)])
@@ -78,14 +84,24 @@ def reference_body():
     return model.body.state_dict()
 
 
+# -- exercise 3: every epoch the same -----------------------------------------------------------
+
+def indices_on_rank(indices_per_epoch, dataset, epochs, batch_size):
+    """The indices of each epoch on this rank, as plain data."""
+    return as_plain(indices_per_epoch(dataset, epochs=epochs, batch_size=batch_size))
+
+
 # -- exercise 4: the checkpoint the others read --------------------------------------------------
 
 RANK0_LATE_S = 0.3  # rank 0 reaches save_checkpoint this much after the others
 
 
-def save_then_load_on_rank(save_checkpoint, path, seconds):
+def save_then_load_on_rank(save_checkpoint, path, seconds, model_seed):
+    """(torch.save calls, what this rank loads right after save_checkpoint returns: {"state": the
+    state dict} or {"error": what the load raised}, when it returned, when rank 0's save ended);
+    the grader compares the state with the model's."""
     rank, calls = dist.get_rank(), []
-    model = make_model_with_unused_branch(seed=0).to(device_for_rank())
+    model = make_model_with_unused_branch(seed=model_seed).to(device_for_rank())
     dist.barrier()  # the ranks start together, and rank 0 a little later: the others find last
     if rank == 0:   # epoch's file first, as on a cluster where rank 0 also logs before it saves
         time.sleep(RANK0_LATE_S)
@@ -102,11 +118,8 @@ def save_then_load_on_rank(save_checkpoint, path, seconds):
     try:
         state = torch.load(path, map_location="cpu")
     except Exception as error:  # noqa: BLE001 - what the learner needs to hear
-        loaded = f"{type(error).__name__}: {str(error).replace(path, 'model.pt')[:120]}"
+        loaded = {"error": f"{type(error).__name__}: {str(error).replace(path, 'model.pt')[:120]}"}
     else:
-        new = all(torch.equal(state.get(name, torch.empty(0)).cpu(), tensor.cpu())
-                  for name, tensor in model.state_dict().items()) if isinstance(state, dict) \
-            else False
-        loaded = "the new weights" if new else "an older checkpoint (or other weights)"
+        loaded = {"state": as_plain(dict(state)) if isinstance(state, dict) else repr(state)[:120]}
     dist.barrier()  # nobody leaves (and the folder stays) until every rank has loaded
     return len(calls), loaded, returned, saves_ended[-1] if saves_ended else None

@@ -26,7 +26,8 @@ from ..engine import expect, expect_close, expect_whole_number, grader
 from ..engine.measured import expect_recorded, unit_slip
 from ..engine.ranks import run_on_ranks
 from ...topics.input_pipeline import READ_SECONDS, DataWait, SlowDataset
-from .loader_probe import MAX_SHARE, MEASURED_STEPS, STEP_SECONDS, loader_on_rank
+from .loader_probe import (MAX_SHARE, MEASURED_STEPS, STEP_SECONDS, data_share, features_error,
+                           loader_on_rank)
 
 # -- exercise 1: measure a loader's data wait, and size its workers -----------------------------
 
@@ -136,16 +137,18 @@ def check_fast_loader(fast_loader):
                             what=f"fast_loader() on {RANKS} ranks", timeout=LAUNCH_TIMEOUT_S,
                             hang_hint="fast_loader() should only build a DataLoader; the check "
                                       "iterates it")
+    # fast_loader() takes no input: the loader and its dataset are the learner's, nothing to draw
     for rank, facts in enumerate(per_rank):
-        _expect_configuration(facts, rank)
+        _expect_configuration({**facts, "features_error": features_error(facts)}, rank)
     _expect_shares_of_one_epoch([facts["order"] for facts in per_rank])
     for rank, facts in enumerate(per_rank):
         expect(facts["loaded_sizes"] == [BATCH_SIZE], f"the batches rank {rank} received",
                f"{BATCH_SIZE} samples each", str(facts["loaded_sizes"]),
                "the loader deals batches of 32, but what reaches the loop differs: look at "
                "what turns the samples into a batch")
-        expect(facts["share"] < MAX_SHARE, f"the data-wait share measured on rank {rank}",
-               f"below {MAX_SHARE:.2f}", f"{facts['share']:.2f} (waited "
+        share = data_share(facts)
+        expect(share < MAX_SHARE, f"the data-wait share measured on rank {rank}",
+               f"below {MAX_SHARE:.2f}", f"{share:.2f} (waited "
                f"{facts['waited'] * 1000:.0f} ms in {MEASURED_STEPS} steps of "
                f"{STEP_SECONDS * 1000:.0f} ms)", "the batches do not arrive as fast as the step "
                "takes them; if the machine is very busy (other programs), run the check again")

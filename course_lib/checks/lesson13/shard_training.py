@@ -2,7 +2,10 @@
 for graders to hold against one process on the whole global batches (engine/oracle.py).
 
 Each rank trains make_model(seed=0) with plain SGD on every WORLD_SIZE-th sample of each global
-batch, as DistributedSampler deals them; the rank-side functions return what the grader compares.
+batch, as DistributedSampler deals them; the rank-side functions return what the grader compares,
+as plain data (engine/boundary.py), and the comparisons are made in the grader's process. The
+global batches come from make_dataset(seed=data_seed): the grader passes grading_seed(DATA_SEED)
+to the ranks and to the oracle alike.
 """
 import torch
 import torch.distributed as dist
@@ -18,30 +21,32 @@ from ...training.models import make_model
 
 WORLD_SIZE = 2
 STEPS, GLOBAL_BATCH_SIZE, LR = 4, 32, 0.5
+DATA_SEED = 1
 
 
-def batches(steps=STEPS):
-    X, y = make_dataset(steps * GLOBAL_BATCH_SIZE, seed=1).tensors
+def batches(steps=STEPS, seed=DATA_SEED):
+    X, y = make_dataset(steps * GLOBAL_BATCH_SIZE, seed=seed).tensors
     return list(zip(X.split(GLOBAL_BATCH_SIZE), y.split(GLOBAL_BATCH_SIZE)))
 
 
-def train_on_rank(step_fn, wrap):
+def train_on_rank(step_fn, wrap, data_seed=DATA_SEED):
     """Four steps of step_fn on this rank's shard of each global batch: what it returned, the
     weights after each step, the loss of this rank's shard before each step, and the optimizer's
-    learning rate at the end."""
+    learning rates at the end (numbers, or their text when they are none)."""
     rank = dist.get_rank()
     model = make_model(seed=0)
     trained = DDP(model) if wrap else model
     optimizer = torch.optim.SGD(trained.parameters(), lr=LR)
     returned, weights, own = [], [], []
-    for X, y in batches():
+    for X, y in batches(seed=data_seed):
         X_local, y_local = X[rank::WORLD_SIZE], y[rank::WORLD_SIZE]  # as DistributedSampler deals
         with torch.no_grad():
             own.append(F.cross_entropy(model(X_local), y_local).item())
         value = step_fn(trained, optimizer, X_local, y_local)
         returned.append((numbers([value]) or [None])[0])
         weights.append(parameters_to_vector(model.parameters()).detach().clone())
-    return returned, weights, own, [group["lr"] for group in optimizer.param_groups]
+    rates = [group["lr"] for group in optimizer.param_groups]
+    return returned, weights, own, numbers(rates) or repr(rates)
 
 
 def expect_trained_like_one_process(results, single_weights, what, hint_of):
@@ -62,17 +67,17 @@ def expect_trained_like_one_process(results, single_weights, what, hint_of):
                        hint_of(ranks_differ, got - before, after - before))
 
 
-def wrapped_on_rank(wrap_for_ddp, steps: int, counted_steps: int):
+def wrapped_on_rank(wrap_for_ddp, steps: int, counted_steps: int, data_seed=DATA_SEED):
     """The weights after `steps` steps of the model wrap_for_ddp returns, the collectives of the
-    last `counted_steps` steps (of it, and of plain DDP's), and whether it searches for unused
-    parameters."""
+    last `counted_steps` steps (of it, and of plain DDP's), and its find_unused_parameters and
+    static_graph settings (the grader decides whether it searches for unused parameters)."""
     rank = dist.get_rank()
     counts = {}
     for name, wrap in (("yours", wrap_for_ddp), ("plain", DDP)):
         model = make_model(seed=0)
         trained = wrap(model)
         optimizer = torch.optim.SGD(trained.parameters(), lr=LR)
-        for number, (X, y) in enumerate(batches(steps)):
+        for number, (X, y) in enumerate(batches(steps, data_seed)):
             with count_traffic() as traffic:
                 optimizer.zero_grad()
                 F.cross_entropy(trained(X[rank::WORLD_SIZE]), y[rank::WORLD_SIZE]).backward()
@@ -81,9 +86,9 @@ def wrapped_on_rank(wrap_for_ddp, steps: int, counted_steps: int):
                 counts[name] = counts.get(name, 0) + len(traffic.collectives)
         if name == "yours":
             weights = parameters_to_vector(model.parameters()).detach().clone()
-            searches = bool(getattr(trained, "find_unused_parameters", False)
-                            and not getattr(trained, "static_graph", False))
-    return weights, counts, searches
+            settings = {name: bool(getattr(trained, name, False))
+                        for name in ("find_unused_parameters", "static_graph")}
+    return weights, counts, settings
 
 
 def numbers(values) -> list:

@@ -5,7 +5,8 @@ Inside a rank, ``with slow_disk(folder) as disk:`` patches torch.save and torch.
 torch.save writes its bytes in WRITE_CHUNKS flushed pieces over WRITE_SECONDS (lesson 08's
 topics.pitfalls.slow_disk), so that a rank that looks for the file (os.path.exists) finds it half
 written; a torch.load that fails on such a file is recorded in ``disk.early_reads`` before its
-error reaches the caller. load_on_rank runs a learner's load_data on it, one rank starting late.
+error reaches the caller. load_on_rank runs a learner's load_data on it, one rank starting late,
+and returns what it observed; what_was_loaded, in the grader, compares it with the dataset.
 """
 import contextlib
 import pickle
@@ -60,8 +61,10 @@ LATE_START_S = 1.5  # one rank calls load_data this late: rank 1 after rank 0's 
                     # complete, or rank 0 after rank 1 looked for the file
 
 
-def load_on_rank(load_data, folder, late_rank):
-    """In a rank: (torch.save calls, what load_data returned: "the dataset", or what went wrong)."""
+def load_on_rank(load_data, folder, late_rank) -> dict:
+    """In a rank: what the grader observes of load_data on the slow disk, as plain data: its
+    torch.save calls, what each failed torch.load said, and what it returned (its type's name, and
+    its tensors when it is a tuple or list of them). The grader compares (what_was_loaded)."""
     if dist.get_rank() == late_rank:
         time.sleep(LATE_START_S)
     with slow_disk(folder) as disk:
@@ -69,10 +72,20 @@ def load_on_rank(load_data, folder, late_rank):
             data = load_data(folder)
         except ReadTooEarly:
             data = None
-    if disk.early_reads:  # recorded even when load_data caught the error and read again
-        return disk.saves, f"read the file before it was complete ({disk.early_reads[0]})"
-    expected = make_dataset(n_samples=debugging.DATA_SAMPLES).tensors
-    same = (isinstance(data, (tuple, list)) and len(data) == len(expected)
-            and all(torch.is_tensor(got) and torch.equal(got, want)
-                    for got, want in zip(data, expected)))
-    return disk.saves, "the dataset" if same else f"something else: {type(data).__name__}"
+    tensors = None
+    if isinstance(data, (tuple, list)) and all(torch.is_tensor(item) for item in data):
+        tensors = [item.detach().clone().as_subclass(torch.Tensor) for item in data]
+    return {"saves": disk.saves, "early_reads": list(disk.early_reads),
+            "type": type(data).__name__, "tensors": tensors}
+
+
+def what_was_loaded(observed: dict) -> str:
+    """In the grader: "the dataset", or what went wrong, from what load_on_rank observed. The
+    learner's load_data builds the course's dataset itself (DATA_SAMPLES samples, make_dataset's
+    seed), so the dataset is fixed: no grading-time seed reaches it."""
+    if observed["early_reads"]:  # recorded even when load_data caught the error and read again
+        return f"read the file before it was complete ({observed['early_reads'][0]})"
+    expected, got = make_dataset(n_samples=debugging.DATA_SAMPLES).tensors, observed["tensors"]
+    same = (got is not None and len(got) == len(expected)
+            and all(torch.equal(one, want) for one, want in zip(got, expected)))
+    return "the dataset" if same else f"something else: {observed['type']}"

@@ -16,9 +16,11 @@ last micro-batch; rank 0 alone prints the oracle's losses (oracle.py), step by s
 (training_rules.py); rank 0 alone saves, every epoch, atomically as lesson 07 taught (another
 name, fsync, rename); the checkpoint loads with weights_only=True and holds the plain model's keys
 (checkpoint_rules.py); bf16 autocast with --amp on the CPU, none without; no group alive at exit.
+
+Reading the file and running it are crossings (engine/boundary.py, observed_runs.py): what comes
+back is plain data (the text, the probe's records, outputs, the checkpoint's keys), rebuilt here
+into Runs that the rules above judge in the grader's process.
 """
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,7 +31,8 @@ from .crashes import crash_message, trained_without_ddp, where_it_waits
 from .oracle import EPOCHS, WORLD_SIZE
 from .oracle import oracle as one_process_losses
 from .run_verdicts import reject, who
-from .script_probe import Run, install_probe, run_together
+from .observed_runs import runs_crossing, script_crossing
+from .script_probe import Run, Script
 from .training_rules import (expect_autocast, expect_ddp, expect_group_destroyed, expect_log,
                              expect_one_all_reduce_per_step, expect_samples, expect_steps)
 
@@ -43,7 +46,7 @@ STUB_HINT = ("replace the `raise NotImplementedError(...)` line at the top of tr
              "then run this check again")
 
 
-def _expect_finished(run: Run, script: Path) -> None:
+def _expect_finished(run: Run, script: Script) -> None:
     if run.timed_out:
         waits = "; ".join(where_it_waits(run, script)) or "no stack could be read"
         reject(run, f"the run to finish within {RUN_TIMEOUT_S} s",
@@ -70,7 +73,7 @@ def _expect_finished(run: Run, script: Path) -> None:
                "run with it: the script must end by returning")
 
 
-def _judge(run: Run, script: Path, epochs: list, losses: dict, shares: dict, amp: bool) -> None:
+def _judge(run: Run, script: Script, epochs: list, losses: dict, shares: dict, amp: bool) -> None:
     _expect_finished(run, script)
     if run.distributed:
         expect_ddp(run)
@@ -88,20 +91,19 @@ def _judge(run: Run, script: Path, epochs: list, losses: dict, shares: dict, amp
 
 @grader("train.py converted to DDP")
 def check_capstone(path):
-    script = Path(os.fspath(path)).resolve()
-    expect(script.is_file(), "train_ddp.py", f"a file at {path}", "no such file",
+    script = script_crossing(path)
+    expect(script is not None, "train_ddp.py", f"a file at {path}", "no such file",
            "run the cell that writes train_ddp.py beside the notebook (it keeps the file you "
            "edited), then this check")
-    expect(STUB not in script.read_text(errors="replace"), "train_ddp.py",
+    expect(STUB not in script.text, "train_ddp.py",
            "your conversion of train.py", "the exercise's starting file, which raises "
            "NotImplementedError at its top", STUB_HINT)
     losses, shares = one_process_losses()
     with tempfile.TemporaryDirectory(prefix="capstone_") as scratch:
         scratch = Path(scratch)
-        site = install_probe(scratch)
         first = Run(f"under torchrun ({WORLD_SIZE} ranks, --epochs {FIRST_EPOCHS})",
                     ["--epochs", str(FIRST_EPOCHS)], scratch / "first", WORLD_SIZE)
-        run_together(script, [first], site, RUN_TIMEOUT_S)
+        [first] = runs_crossing("check_capstone: run 1", script, [first], scratch, RUN_TIMEOUT_S)
         _judge(first, script, list(range(FIRST_EPOCHS)), losses, shares, amp=False)
         expect_plain_checkpoint(first)
         resumed = Run(f"under torchrun, resumed ({WORLD_SIZE} ranks, --epochs {EPOCHS})",
@@ -109,9 +111,7 @@ def check_capstone(path):
         plain = Run(f"with plain python (no torchrun; --epochs {EPOCHS} --amp, resuming from the "
                     f"DDP run's checkpoint)", ["--epochs", str(EPOCHS), "--amp"],
                     scratch / "plain", 0)
-        for run in (resumed, plain):
-            run.folder.mkdir()
-            shutil.copy(first.folder / "checkpoint.pt", run.folder / "checkpoint.pt")
-        run_together(script, [resumed, plain], site, RUN_TIMEOUT_S)
+        resumed, plain = runs_crossing("check_capstone: runs 2 and 3", script, [resumed, plain],
+                                       scratch, RUN_TIMEOUT_S, checkpoint_from=first)
         _judge(resumed, script, list(range(FIRST_EPOCHS, EPOCHS)), losses, shares, amp=False)
         _judge(plain, script, list(range(FIRST_EPOCHS, EPOCHS)), losses, shares, amp=True)

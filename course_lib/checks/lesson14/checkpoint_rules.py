@@ -1,5 +1,6 @@
 """The capstone's rules on the checkpoint: rank 0 alone writes it, every epoch, atomically (another
-name, fsync, rename), and it loads with weights_only=True holding the plain model's keys.
+name, fsync, rename), and it loads with weights_only=True holding the plain model's keys. What
+they read of the checkpoint was observed on the learner's side after the run (observed_runs.py).
 """
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def expect_one_writer(run: Run, epochs: list) -> None:
         reject(run, f"{who(writer)} to save the checkpoint at the end of each of epochs {epochs}",
                f"{who(writer)} called torch.save {count} times",
                "train.py saves at the end of every epoch: keep that")
-    if not (run.folder / "checkpoint.pt").exists():
+    if not run.checkpoint["exists"]:
         reject(run, "the checkpoint at --checkpoint's path (checkpoint.pt)",
                "no file there", "the run must save where --checkpoint says, as train.py does")
 
@@ -34,7 +35,7 @@ def expect_one_writer(run: Run, epochs: list) -> None:
 def expect_atomic_save(run: Run) -> None:
     """Each save of the checkpoint goes to another name, is fsynced, then renamed onto it."""
     writer = 0 if run.distributed else None
-    final = str((run.folder / "checkpoint.pt").resolve())
+    final = run.checkpoint["path"]
     saved, synced, expected = {}, set(), "a save to another name, fsync, then a rename onto it"
     events = run.processes[writer].events
     for event in events:
@@ -65,23 +66,14 @@ def expect_atomic_save(run: Run) -> None:
 
 
 def expect_plain_checkpoint(run: Run) -> None:
-    import torch
-
-    try:
-        state = torch.load(run.folder / "checkpoint.pt", map_location="cpu", weights_only=True)
-    except Exception as error:  # a torn or foreign file, or objects weights_only refuses
+    if run.checkpoint["error"] is not None:  # a torn or foreign file, or objects weights_only refuses
         reject(run, "a checkpoint torch.load(..., weights_only=True) can read",
-               f"{type(error).__name__}: {error}"[:300],
+               run.checkpoint["error"],
                "a checkpoint holds state_dicts and plain numbers, which load safely (lesson 07)")
-    wrapped = sorted(key for key in _keys(state) if key.startswith("module."))
+    wrapped = sorted(key for key in run.checkpoint["keys"] or () if key.startswith("module."))
     if wrapped:
         reject(run, "a checkpoint of the model without its DDP wrapper",
                f"the checkpoint's model keys start with 'module.' ({wrapped[0]}, ...): it holds "
                f"DDP's state_dict", "train.py, and a run with plain python, load the plain "
                "model's keys")
 
-
-def _keys(value):
-    for key, inner in value.items() if isinstance(value, dict) else ():
-        yield from ([key] if isinstance(key, str) else [])
-        yield from _keys(inner)

@@ -3,10 +3,9 @@ waits, and for a crash the most telling error of its processes, the line of the 
 it, and a hint at the mistake behind it.
 """
 import re
-from pathlib import Path
 
 from .oracle import EPOCHS, SAMPLES, rank_share
-from .script_probe import Run, read
+from .script_probe import Run, Script
 
 CRASH_HINTS = [  # (pattern in the error, what it says about the script)
     ("Default process group has not been initialized",
@@ -34,7 +33,7 @@ UNKNOWN_CRASH = ("the error is raised in your script (its traceback is in the me
                  "`torchrun --standalone --nproc_per_node=2 train_ddp.py` in a terminal")
 
 
-def crash_message(run: Run, script: Path) -> tuple:
+def crash_message(run: Run, script: Script) -> tuple:
     """(what went wrong, hint) for a run that exited with an error."""
     error, where = root_error(failed_outputs(run), script)
     if not error and run.distributed:
@@ -71,27 +70,25 @@ def trained_without_ddp(run: Run) -> bool:
             and not any(event[0] == "forward" for event in events))
 
 
-def where_it_waits(run: Run, script: Path) -> list:
-    lines = script.read_text(errors="replace").splitlines()
+def where_it_waits(run: Run, script: Script) -> list:
+    lines = script.text.splitlines()
     waits = []
-    for stack_file in sorted((run.folder / "probe").glob("stack.*.txt")):
-        frames = re.findall(rf'File "{re.escape(str(script))}", line (\d+) in (\S+)',
-                            read(stack_file))
+    for name, stacks in sorted(run.stacks.items()):
+        frames = re.findall(rf'File "{re.escape(str(script))}", line (\d+) in (\S+)', stacks)
         if frames:  # most recent call first
             number = int(frames[0][0])
             code = lines[number - 1].strip() if number <= len(lines) else ""
-            who = stack_file.name.split(".")[1].replace("rank", "rank ")
+            who = name.split(".")[1].replace("rank", "rank ")
             waits.append(f"{who} waits at line {number} ({code})")
     return waits
 
 
 def failed_outputs(run: Run) -> list:
-    if not run.distributed:
-        return [read(run.folder / "stderr.txt")]
-    return [read(log) for log in sorted((run.folder / "logs").glob("*/attempt_0/*/stderr.log"))]
+    """What each process wrote to stderr (torchrun's per-rank logs), read after the run."""
+    return run.outputs
 
 
-def root_error(outputs: list, script: Path) -> tuple:
+def root_error(outputs: list, script: Script) -> tuple:
     """(the error line, ' at line N (code)' in the script) of the most telling traceback: a
     rank's own error before a 'connection closed' that only says a peer left."""
     found = []
@@ -108,13 +105,13 @@ def root_error(outputs: list, script: Path) -> tuple:
     error = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", error)  # the C++ source of a torch error
     error = re.sub(r"\. This is typically caused by a remote worker.*", "", error)  # gloo's advice
     error = error if len(error) < 240 else error[:237] + "..."
-    lines = script.read_text(errors="replace").splitlines()
+    lines = script.text.splitlines()
     where = f" ({script.name} line {number}: {lines[number - 1].strip()})" if number and \
         number <= len(lines) else ""
     return error.strip(), where
 
 
 def agent_summary(run: Run) -> str:
-    agent = read(run.folder / "stderr.txt") + read(run.folder / "stdout.txt")
+    agent = run.agent_output
     found = re.findall(r"(exitcode\s*:\s*-?\d+.*|Signal \d+ \(\w+\).*)", agent)
     return "; ".join(line.strip() for line in found[:3]) or "torchrun reported a failed worker"

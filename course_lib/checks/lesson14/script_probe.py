@@ -23,6 +23,7 @@ from time import monotonic, sleep
 import course_lib
 
 from ...topics.cluster import stop_processes
+from ..engine import GradingError
 
 PROBE_PROGRAM = files(__package__) / "probe_program.py"
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -50,10 +51,31 @@ class Run:
     timed_out: bool = False
     processes: dict = field(default_factory=dict)  # rank (None: plain python) -> Process
     saves: dict = field(default_factory=dict)  # rank -> the paths it torch.saved, killed ranks too
+    # read on the learner's side after the run (observed_runs.py), for the verdicts
+    outputs: list = field(default_factory=list)  # the stderr of each process (torchrun's logs)
+    agent_output: str = ""                       # what torchrun, or plain python, printed
+    stacks: dict = field(default_factory=dict)   # stack.<process>.txt -> a hung process's stacks
+    checkpoint: dict = field(default_factory=dict)  # path, exists, keys (weights_only), error
 
     @property
     def distributed(self) -> bool:
         return self.ranks > 0
+
+
+@dataclass
+class Script:
+    """train_ddp.py as the learner's side saw it (observed_runs.py): its resolved path, which its
+    tracebacks name, and its text."""
+
+    path: str
+    text: str
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    def __str__(self) -> str:
+        return self.path
 
 
 @dataclass
@@ -131,14 +153,17 @@ def _ask_for_stacks(run: Run) -> None:
 def _collect(run: Run) -> dict:
     processes = {}
     for record_file in sorted((run.folder / "probe").glob("record.*.json")):
-        record = json.loads(record_file.read_text())
-        if record.get("probe_error"):
-            raise RuntimeError(f"the grader's probe failed in your script's process: "
-                               f"{record['probe_error']}; please report it to the course")
-        rank = record["rank"]
-        stdout, stderr = _output_of(run, rank)
-        processes[rank] = Process(rank, record["events"], record["autocast"],
-                                  record["group_alive_at_exit"], stdout, stderr)
+        try:
+            record = json.loads(record_file.read_text())
+            failed, rank = record.get("probe_error"), record["rank"]
+            seen = [record["events"], record["autocast"], record["group_alive_at_exit"]]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            failed = f"its record {record_file.name} cannot be read"
+        if failed:
+            raise GradingError(f"train_ddp.py {run.what}", "the grader's record of each process",
+                               f"the grader's probe failed in your script's process: {failed}",
+                               "please report it to the course, with your train_ddp.py")
+        processes[rank] = Process(rank, *seen, *_output_of(run, rank))
     return processes
 
 

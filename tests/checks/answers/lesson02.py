@@ -90,16 +90,6 @@ def gradients_with_autograd_grad(model, X, y, devices):
     return list(torch.autograd.grad(loss, list(model.parameters())))
 
 
-def gradients_through_the_course_wrapper(model, X, y, devices):
-    """course_lib's DataParallel module runs the four steps itself; a loss summed, then divided."""
-    from course_lib.training.dp import DataParallel
-
-    model.zero_grad(set_to_none=True)
-    logits = DataParallel(model, devices=devices)(X)
-    (F.cross_entropy(logits, y, reduction="sum") / len(y)).backward()
-    return [parameter.grad.clone() for parameter in model.parameters()]
-
-
 ALTERNATIVES = {
     lesson02.check_scatter_batch: [
         answer("torch.split with ceil sizes", scatter_with_split_sizes),
@@ -112,8 +102,6 @@ ALTERNATIVES = {
     lesson02.check_data_parallel_gradients: [
         answer("summed per-replica losses over the batch size", gradients_from_a_summed_loss),
         answer("torch.autograd.grad with nll_loss", gradients_with_autograd_grad),
-        answer("the course's DataParallel module, a summed loss",
-               gradients_through_the_course_wrapper),
     ],
 }
 
@@ -280,6 +268,16 @@ def _gathered_in_reverse(model, X, y, devices):
     return [p.grad for p in model.parameters()]
 
 
+def _gradients_through_the_course_wrapper(model, X, y, devices):
+    """Right gradients, but course_lib's DataParallel module runs the four steps, not the learner."""
+    from course_lib.training.dp import DataParallel
+
+    model.zero_grad(set_to_none=True)
+    logits = DataParallel(model, devices=devices)(X)
+    (F.cross_entropy(logits, y, reduction="sum") / len(y)).backward()
+    return [parameter.grad.clone() for parameter in model.parameters()]
+
+
 WRONG_ANSWERS = {
     lesson02.check_scatter_batch: [
         wrong_answer("splits along dim 1 instead of the batch dim",
@@ -318,5 +316,7 @@ WRONG_ANSWERS = {
         wrong_answer("averages one mean loss per replica", _mean_of_replica_losses),
         wrong_answer("returns the outputs, comparing only outputs", _outputs_instead_of_gradients),
         wrong_answer("backpropagates replica 0's loss only", _first_replica_only),
+        wrong_answer("hands the four steps to the course's DataParallel",
+                     _gradients_through_the_course_wrapper),
     ],
 }

@@ -7,6 +7,7 @@ import itertools
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd import Variable
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course_lib.checks import lesson15
@@ -14,8 +15,25 @@ from course_lib.checks import lesson15
 from . import answer, wrong_answer
 
 
+class _QueuesItsFinish(nn.Module):
+    """The lesson's given scaffold (solutions/15_from_scratch.ipynb, OverlappingDDP): a hook calls
+    queue_finish(), and autograd runs finish_gradient_sync() once at the end of that backward."""
+
+    finish_queued = False
+
+    def queue_finish(self):
+        """Once per backward: autograd calls finish_gradient_sync() when this backward ends."""
+        if not self.finish_queued:
+            self.finish_queued = True
+            Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self):
+        self.finish_queued = False
+        self.finish_gradient_sync()
+
+
 # -- DDP with overlap, two other ways ----------------------------------------------------------
-class OverlapWithAHandlePerParameter(nn.Module):
+class OverlapWithAHandlePerParameter(_QueuesItsFinish):
     """One flat broadcast of the parameters; a dict of handles; the mean taken after the wait."""
 
     def __init__(self, module):
@@ -29,8 +47,11 @@ class OverlapWithAHandlePerParameter(nn.Module):
                 dist.broadcast(buffer, 0)
         for name, param in module.named_parameters():
             if param.requires_grad:
-                param.register_post_accumulate_grad_hook(
-                    lambda p, name=name: self.pending.__setitem__(name, (p, dist.all_reduce(p.grad, async_op=True))))
+                param.register_post_accumulate_grad_hook(lambda p, name=name: self._ready(name, p))
+
+    def _ready(self, name, param):
+        self.queue_finish()
+        self.pending[name] = (param, dist.all_reduce(param.grad, async_op=True))
 
     def forward(self, tokens):
         return self.module(tokens)
@@ -44,7 +65,7 @@ class OverlapWithAHandlePerParameter(nn.Module):
         self.pending = {}
 
 
-class OverlapWaitingOnFutures(nn.Module):
+class OverlapWaitingOnFutures(_QueuesItsFinish):
     """Keeps each all-reduce's Future, not its Work, and waits on them all with wait_all."""
 
     def __init__(self, module):
@@ -58,6 +79,7 @@ class OverlapWaitingOnFutures(nn.Module):
                 param.register_post_accumulate_grad_hook(self._ready)
 
     def _ready(self, param):
+        self.queue_finish()
         param.grad.div_(dist.get_world_size())
         self.futures.append(dist.all_reduce(param.grad, async_op=True).get_future())
 
@@ -101,7 +123,7 @@ def plan_in_mib_as_tuples(parameters, bucket_cap_mb):
 
 
 # -- DDP with buckets, two other ways -------------------------------------------------------------
-class BucketsWithViews(nn.Module):
+class BucketsWithViews(_QueuesItsFinish):
     """A flat buffer per bucket, allocated once; gradients copied in as they come, views copied out."""
 
     def __init__(self, module, bucket_cap_mb=25):
@@ -120,6 +142,7 @@ class BucketsWithViews(nn.Module):
         self.left = {b: len(bucket) for b, bucket in enumerate(self.plan)}
 
     def _ready(self, param):
+        self.queue_finish()
         b, offset = self.where[param]
         self.buffers_[b][offset:offset + param.numel()].copy_(param.grad.flatten())
         self.left[b] -= 1
@@ -140,7 +163,7 @@ class BucketsWithViews(nn.Module):
         self.left = {b: len(bucket) for b, bucket in enumerate(self.plan)}
 
 
-class BucketsWaitingOnFutures(nn.Module):
+class BucketsWaitingOnFutures(_QueuesItsFinish):
     """Each bucket's Future kept; fut.wait() gives the reduced flat tensor, copied back with split."""
 
     def __init__(self, module, bucket_cap_mb=25):
@@ -157,6 +180,7 @@ class BucketsWaitingOnFutures(nn.Module):
                 param.register_post_accumulate_grad_hook(self._ready)
 
     def _ready(self, param):
+        self.queue_finish()
         b = self.index[param]
         self.ready[b].add(param)
         if len(self.ready[b]) == len(self.plan[b]):
@@ -246,8 +270,9 @@ def plan_by_the_course(parameters, bucket_cap_mb):
 
 
 # -- one all-reduce per gradient -----------------------------------------------------------------
-class _Overlapping(nn.Module):
-    """Right, but for what a subclass changes."""
+class _Overlapping(_QueuesItsFinish):
+    """Right, but for what a subclass changes: gradient_ready queues the finish (as given), then
+    hands the gradient to _ready."""
 
     def __init__(self, module, **_):
         super().__init__()
@@ -256,7 +281,11 @@ class _Overlapping(nn.Module):
             for tensor in self._to_broadcast():
                 dist.broadcast(tensor, src=0)
         for param in self._to_hook():
-            param.register_post_accumulate_grad_hook(self._ready)
+            param.register_post_accumulate_grad_hook(self.gradient_ready)
+
+    def gradient_ready(self, param):
+        self.queue_finish()
+        self._ready(param)
 
     def _to_broadcast(self):
         return [*self.module.parameters(), *self.module.buffers()]
@@ -285,6 +314,13 @@ class AllReduceAfterBackward(_Overlapping):
         for param in self._to_hook():
             dist.all_reduce(param.grad)
             param.grad /= dist.get_world_size()
+
+
+class NeverQueuesItsFinish(_Overlapping):
+    """Right wait, never queued: finish_gradient_sync() waits only when someone calls it."""
+
+    def gradient_ready(self, param):
+        self._ready(param)
 
 
 class NeverWaits(_Overlapping):
@@ -448,6 +484,7 @@ WRONG_ANSWERS = {
         wrong_answer("all-reduces every gradient after backward: right numbers, no overlap",
                      AllReduceAfterBackward),
         wrong_answer("never waits for its all-reduces", NeverWaits),
+        wrong_answer("never queues its finish (waits only when called)", NeverQueuesItsFinish),
         wrong_answer("hooks each module's parameters: the tied weight twice", HooksPerModule),
         wrong_answer("waits for each all-reduce inside its hook", WaitsInTheHook),
         wrong_answer("broadcasts the parameters but not the buffers", ForgetsBuffers),
