@@ -1,5 +1,5 @@
-"""Graders for lesson 16, ZeRO-1 and FSDP from collectives. Both run your code on 2 and on 3 gloo
-ranks (sharding.py) with models that have a tied weight, a frozen layer and a buffer.
+"""Graders for lesson 16, ZeRO-1 and FSDP from collectives. All run your code on 2 and on 3 gloo
+ranks (sharding.py, unit.py).
 
 - ZeRO-1: trained under torch's DDP with your ShardedOptimizer(params, torch.optim.AdamW, ...)
   (your own: one built on the course's ShardedOptimizer or torch's ZeroRedundancyOptimizer does
@@ -7,22 +7,29 @@ ranks (sharding.py) with models that have a tied weight, a frozen layer and a bu
   `local_optimizer`'s state), each rank on some; after every step all ranks hold the same
   weights, equal to one process's AdamW on the global batch (and to torch's
   ZeroRedundancyOptimizer on the same shards).
-- an FSDP layer: ShardedStack runs each Linear through your autograd Function from this rank's
-  flat shard. In every step each use of a layer all-gathers its parameters in the forward and
-  again in the backward (all but at most one use), no gathered tensor outlives its layer (none
-  is alive when the next all-gather starts), the gradients reach the shards by reduce-scatter
-  (never all-reduce), none for the frozen layer, and the shards after each step are those of one
-  process's SGD on the global batch (and torch's fully_shard's on the same shards of data).
+- gather_full: on 2 and 3 ranks, shards whose values say whose they are (from a grading-time base).
+- an FSDP unit: each Linear of a stack (the first frozen; flat sizes 2 and 3 do not divide) becomes
+  a unit of your class (unit.py; the verdicts in judge_unit.py), not one built on the course's
+  FSDPUnit. Each rank's shard is the padded size / world_size; in every step, as unit k computes,
+  the full parameters in memory are unit k's and, prefetched, unit k+1's (the storages that the
+  all-gathers wrote into and the units hold, and that still have memory); one all-gather per unit
+  in the forward and one in the backward (the last unit may stay gathered); one reduce-scatter per
+  trainable unit, no all-reduce; nothing gathered once backward is over; and the losses and
+  weights are one process's SGD on the global batch (and torch's fully_shard's).
+Inputs (data, the model's initial weights, the shards' values) come from grading_seed; the
+rank functions return observations, the comparisons are made here.
 """
 from collections import Counter
 
 import torch
 
 from ..engine import GradingError, describe, expect, grader
-from ..engine.gradient_sync import TiedNet, close
+from ..engine.boundary import grading_seed
+from ..engine.gradient_sync import DATA_SEED, TiedNet, close
 from ..engine.ranks import run_on_ranks
-from .sharding import (GATHER_CASES, PLAN, fsdp_on_rank, gather_on_rank, one_process_adamw,
-                       one_process_stack, padded_sizes, shard_for, zero_on_rank)
+from .judge_unit import judge_shard_sizes, judge_unit_events, judge_unit_training
+from .sharding import GATHER_CASES, gather_on_rank, one_process_adamw, shard_for, zero_on_rank
+from .unit import flat_of, linears, one_process_units, unit_on_rank, unit_stack
 
 LAUNCH_TIMEOUT_S = 90
 WORLD_SIZES = (2, 3)
@@ -32,19 +39,20 @@ SAME_COLLECTIVES = ("every rank must call the same collectives, in the same orde
                     "of the same size")
 
 
-def _run(fn, answer, world_size, what):
-    return run_on_ranks(fn, answer, nprocs=world_size, what=what, timeout=LAUNCH_TIMEOUT_S,
+def _run(fn, answer, world_size, what, *args):
+    return run_on_ranks(fn, answer, *args, nprocs=world_size, what=what, timeout=LAUNCH_TIMEOUT_S,
                         hang_hint=SAME_COLLECTIVES)
 
 
 # -- exercise 1: ZeRO-1 ------------------------------------------------------------------------
 @grader("a ZeRO-1 optimizer")
 def check_sharded_optimizer(ShardedOptimizer):
-    oracle = one_process_adamw()
+    data_seed = grading_seed(DATA_SEED)
+    oracle = one_process_adamw(data_seed)
     trainable = [name for name, p in TiedNet().named_parameters() if p.requires_grad]
     for world_size in WORLD_SIZES:
         what = f"ShardedOptimizer on {world_size} ranks"
-        results = _run(zero_on_rank, ShardedOptimizer, world_size, what)
+        results = _run(zero_on_rank, ShardedOptimizer, world_size, what, data_seed)
         called = results[0].get("library_calls")
         if called:
             library = LIBRARY_OPTIMIZERS[called[0].split(".")[0]]
@@ -96,12 +104,13 @@ def _judge_zero_weights(results, oracle, what):
 # -- exercise 2: gather a layer's parameters ---------------------------------------------------
 @grader("gather the full parameters")
 def check_gather_full(gather_full):
+    base = grading_seed(0)  # the shards' values start there
     for world_size in WORLD_SIZES:
         what = f"gather_full on {world_size} ranks"
-        results = _run(gather_on_rank, gather_full, world_size, what)
+        results = _run(gather_on_rank, gather_full, world_size, what, base)
         for rank, gathered in enumerate(results):
             for (numel, dtype), got in zip(GATHER_CASES, gathered):
-                expected = torch.cat([shard_for(r, numel, dtype) for r in range(world_size)])
+                expected = torch.cat([shard_for(r, numel, dtype, base) for r in range(world_size)])
                 call = f"{what}: rank {rank}, shards of {numel} {dtype} elements"
                 if not torch.is_tensor(got):
                     raise GradingError(call, "one tensor", type(got).__name__,
@@ -121,59 +130,31 @@ def _gather_hint(got, expected, world_size, numel):
     return "each slice r of the full tensor is rank r's shard, unchanged"
 
 
-# -- exercise 3: an FSDP layer -----------------------------------------------------------------
-@grader("an FSDP layer")
-def check_sharded_linear(ShardedLinear):
-    oracle = one_process_stack()
+# -- exercise 3: an FSDP unit ------------------------------------------------------------------
+@grader("an FSDP unit")
+def check_fsdp_unit(FSDPUnit):
+    # the model and data seeds are chosen at grading time; the ranks' world sizes are fixed (2, 3)
+    model_seed, data_seed = grading_seed(0), grading_seed(16)
+    losses, oracle = one_process_units(model_seed, data_seed)
+    initial = [flat_of(layer) for layer in linears(unit_stack(model_seed))]
     for world_size in WORLD_SIZES:
-        what = f"ShardedLinear on {world_size} ranks"
-        results = _run(fsdp_on_rank, ShardedLinear, world_size, what)
+        what = f"FSDPUnit on {world_size} ranks"
+        results = run_on_ranks(unit_on_rank, FSDPUnit, model_seed, data_seed, nprocs=world_size,
+                               what=what, timeout=LAUNCH_TIMEOUT_S, hang_hint=SAME_COLLECTIVES,
+                               crash_hint=_unit_crash_hint)
+        if results[0].get("library_calls"):
+            raise GradingError(what, "your own unit", "one built on the course's FSDPUnit",
+                               "your class handed the work to course_lib.topics.from_scratch's "
+                               "FSDPUnit: this exercise asks you to write its hooks yourself")
+        judge_shard_sizes(results, world_size, what)
         for rank, result in enumerate(results):
             for step, events in enumerate(result["events"]):
-                _judge_collectives(events, world_size, f"{what}: rank {rank} at step {step}")
-        _judge_shards(results, oracle, what)
+                judge_unit_events(events, world_size, f"{what}: rank {rank} at step {step}")
+        judge_unit_training(results, losses, oracle, initial, world_size, what)
 
 
-def _judge_collectives(events, world_size, where):
-    uses, sizes = len(PLAN), padded_sizes(world_size)
-    trainable = {sizes[name] for name in ("first", "middle", "head")}
-    gathers = {phase: [e for e in events if e[0] == "all_gather" and e[1] == phase]
-               for phase in ("forward", "backward")}
-    expect(not [e for e in events if e[0] == "all_reduce"], where, "no all-reduce",
-           "an all-reduce", "each rank needs only the sum of its own slice of the gradient")
-    expect(len(gathers["forward"]) == uses, where,
-           f"{uses} all-gathers in the forward (one per use of a layer)",
-           f"{len(gathers['forward'])}", "gather a layer's parameters when it runs")
-    expect(len(gathers["backward"]) >= uses - 1, where,
-           f"at least {uses - 1} all-gathers in the backward",
-           f"{len(gathers['backward'])}",
-           "the full parameters must not stay in memory from forward to backward: gather them "
-           "again when the layer's backward needs them")
-    alive = [e for e in events if e[0] == "all_gather" and e[3] > 0]
-    expect(not alive, where, "no earlier gathered parameters in memory when a layer gathers",
-           f"{alive[0][3]} still alive at an all-gather in the {alive[0][1]}" if alive else "",
-           "a layer's full parameters are for that layer only: keep no reference to them once "
-           "it has run")
-    scattered = [e[2] for e in events if e[0] == "reduce_scatter"]
-    expect(scattered and all(size in trainable for size in scattered)
-           and len(set(scattered)) == len(trainable), where,
-           f"reduce-scatters of the layers that need a gradient (padded sizes {sorted(trainable)})",
-           f"of sizes {scattered}",
-           "the frozen layer gets no gradient; every other layer's gradient is reduce-scattered "
-           "into the shards")
-
-
-def _judge_shards(results, oracle, what):
-    for step, expected in enumerate(oracle):
-        for name, flat in expected.items():
-            expect(all(close(result["torch_fsdp"][step][name], flat) for result in results),
-                   f"torch's fully_shard, layer {name!r}", "the one-process weights",
-                   "other weights", "please report this machine")
-            full = torch.cat([result["shards"][step][name] for result in results])[:flat.numel()]
-            if close(full, flat):
-                continue
-            raise GradingError(f"{what}: layer {name!r} after step {step}",
-                               "one process's SGD weights on the global batch",
-                               "other weights (the ranks' shards put together)",
-                               "each shard's gradient is the mean over the ranks of that slice of "
-                               "the layer's gradient")
+def _unit_crash_hint(cause):
+    if "size" in cause.summary and ("all_gather" in cause.summary or "output" in cause.summary):
+        return ("every rank's shard must have the same size: pad the flat parameters with zeros to a "
+                "multiple of world_size, then take slice `rank`")
+    return "the error is raised in your class: fix it, run its cell again, then the check"

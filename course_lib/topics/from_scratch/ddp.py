@@ -1,15 +1,18 @@
 """DDP from hooks: all-reduce each gradient (or each bucket) the moment backward produces it.
 
     ddp = DDPFromScratch(model, bucket_cap_mb=None)   # None: one all-reduce per parameter
-    loss_fn(ddp(X), y).backward()                     # the all-reduces start inside backward()
-    ddp.finish_gradient_sync()                        # wait for them; gradients are now averaged
-    optimizer.step()
+    loss_fn(ddp(X), y).backward()                     # the all-reduces start, and end, in backward()
+    optimizer.step()                                  # torch's DDP's loop: the gradients are averaged
 
 What torch's DistributedDataParallel does in C++ (its Reducer), here in Python: rank 0's
 parameters and buffers are broadcast at construction; a hook on each parameter
 (`register_post_accumulate_grad_hook`, called once its .grad holds this backward's whole
 gradient, also for a weight shared by two layers) launches an asynchronous all-reduce
-(`async_op=True`) so communication overlaps the rest of backward. Parameters that do not
+(`async_op=True`) so communication overlaps the rest of backward. The first hook of each backward
+queues `finish_gradient_sync` with the autograd engine (`Variable._execution_engine.queue_callback`,
+run once this backward's graph is done: torch's DDP queues its Reducer's wait the same way with
+static_graph (torch/nn/parallel/distributed.py), FSDP2 its root's post-backward, picotron its
+bucketed DDP's wait), so backward() returns with the gradients averaged. Parameters that do not
 require grad get no hook and are never reduced. `ddp.events` records every launch (see events.py).
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Optional
 
 import torch.distributed as dist
 from torch import nn
+from torch.autograd import Variable
 
 from .buckets import Bucket, assign_buckets
 from .events import record
@@ -33,7 +37,8 @@ class DDPFromScratch(nn.Module):
     broadcast_buffers: also broadcast rank 0's buffers before every forward, as torch's DDP does.
     record_events: keep `events` (each all-reduce's launch, and its completion from a callback that
     gloo's thread runs); False saves that Python work (benchmarks/from_scratch_ddp.py).
-    Call `finish_gradient_sync()` after backward() and before the optimizer step.
+    backward() waits for the all-reduces at its end (a callback it runs); finish_gradient_sync()
+    is that wait, and a no-op when called again.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: Optional[float] = None,
@@ -44,7 +49,7 @@ class DDPFromScratch(nn.Module):
         self.world_size = dist.get_world_size(process_group)
         self.source = dist.get_global_rank(process_group, 0) if process_group is not None else 0
         self.broadcast_buffers, self.record_events = broadcast_buffers, record_events
-        self.sync_gradients = True
+        self.sync_gradients, self.finish_queued = True, False
         self.events = []
         self._broadcast(list(module.parameters()) + list(module.buffers()))
         # named_parameters() lists a shared (tied) parameter once: it gets one hook, one all-reduce.
@@ -79,6 +84,9 @@ class DDPFromScratch(nn.Module):
         """Called by autograd inside backward(), once parameter.grad is complete."""
         if not self.sync_gradients:
             return
+        if not self.finish_queued:  # the first gradient of this backward: wait at its end
+            self.finish_queued = True
+            Variable._execution_engine.queue_callback(self._end_of_backward)
         if not self.buckets:
             work = dist.all_reduce(parameter.grad, group=self.process_group, async_op=True)
             if self.record_events:
@@ -92,7 +100,16 @@ class DDPFromScratch(nn.Module):
                 record(self.events, "all_reduce", bucket.names, bucket.nbytes, bucket.work, bucket=bucket.index)
             self.pending.append(bucket)
 
+    def _end_of_backward(self) -> None:
+        self.finish_queued = False
+        self._wait_and_average()
+
     def finish_gradient_sync(self) -> None:
+        """Run for you at the end of backward(); when called again, nothing is left to wait for."""
+        if self.pending:
+            self._wait_and_average()
+
+    def _wait_and_average(self) -> None:
         """Wait for every all-reduce launched by backward, then average the gradients."""
         launched = {id(p) for p, _ in self.pending} if not self.buckets else \
             {id(p) for bucket in self.pending for p in bucket.parameters}

@@ -24,9 +24,9 @@ what the optimizer sees: fsdp.parameters() are the shards.
 - compute_dtype: the gather, the forward, backward and the reduce-scatter run in that dtype (each
   unit's floating-point inputs are cast to it); the shards and the optimizer keep their own dtype.
 
-No prefetch (each gather waits); torch's `fully_shard` (FSDP2) overlaps them and shards each
-parameter along dim 0 instead of a flat buffer. `fsdp.events` and `fsdp.gathered()` show what
-is in memory when.
+No prefetch (each gather waits: fsdp_unit.py, lesson 16's unit, shows one); torch's `fully_shard`
+(FSDP2) overlaps them and shards each parameter along dim 0 instead of a flat buffer.
+`fsdp.events` and `fsdp.gathered()` show what is in memory when.
 """
 from __future__ import annotations
 

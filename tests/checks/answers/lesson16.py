@@ -7,6 +7,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.checks import lesson16
+from course_lib.topics.from_scratch.flat_parameters import FlatParameters
+from course_lib.topics.from_scratch.fsdp_unit import FSDPUnit as CourseFSDPUnit
 
 from . import answer, wrong_answer
 
@@ -78,70 +80,134 @@ def gather_by_summing_placed_shards(shard):
     return full
 
 
-# -- an FSDP layer, two other ways -----------------------------------------------------------------
-def _gather_chunks(shard):
-    chunks = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
-    dist.all_gather(chunks, shard)
-    return torch.cat(chunks)
+# -- the FSDP unit ---------------------------------------------------------------------------------
+class FSDPUnit(FlatParameters):
+    """A right unit of the learner's own (not the course's): what the wrong answers below change."""
 
-
-class LinearRecomputedByAutograd(torch.autograd.Function):
-    """Backward runs autograd on the layer again, from gathered leaves; list-form collectives."""
-
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.shape = (out_features, in_features)
-        full = _gather_chunks(shard)
-        n = out_features * in_features
-        return F.linear(x, full[:n].view(out_features, in_features), full[n:n + out_features])
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        (out_features, in_features), n = ctx.shape, ctx.shape[0] * ctx.shape[1]
-        with torch.enable_grad():
-            full = _gather_chunks(shard).requires_grad_(ctx.needs_input_grad[1])
-            x_leaf = x.detach().requires_grad_(True)
-            y = F.linear(x_leaf, full[:n].view(out_features, in_features), full[n:n + out_features])
-            inputs = (x_leaf, full) if ctx.needs_input_grad[1] else (x_leaf,)
-            grads = torch.autograd.grad(y, inputs, grad_out)
-        if not ctx.needs_input_grad[1]:
-            return grads[0], None, None, None
+    def __init__(self, module, next_unit=None):
+        super().__init__(module)
+        self.next_unit = next_unit
         world_size = dist.get_world_size()
-        chunks = list((grads[1] / world_size).chunk(world_size))
-        grad_shard = torch.empty_like(shard)
-        dist.reduce_scatter(grad_shard, chunks)
-        return grads[0], grad_shard, None, None
+        shard_numel = (self.flat.numel() + world_size - 1) // world_size
+        mine = torch.zeros(shard_numel, dtype=self.flat.dtype)
+        piece = self.flat[dist.get_rank() * shard_numel:(dist.get_rank() + 1) * shard_numel]
+        mine[:piece.numel()] = piece
+        self.shard = torch.nn.Parameter(mine, requires_grad=self.requires_grad)
+
+    def unshard(self, async_op=False):
+        return GATHER(self.allocate_full(), self.shard.detach(), async_op=async_op)
+
+    def reshard(self):
+        self.free_full()
+
+    def pre_forward(self):
+        work, self.pending_gather = self.pending_gather, None
+        if work is None:  # not prefetched: gather now
+            work = self.unshard(async_op=True)
+        work.wait()
+        following = self.next_unit
+        if following:
+            following.pending_gather = following.unshard(async_op=True)
+
+    def post_forward(self):
+        self.reshard()
+
+    def pre_backward(self):
+        self.unshard()
+
+    def post_backward(self):
+        mean = torch.zeros_like(self.shard)
+        SCATTER(mean, self.flat_gradient().div(dist.get_world_size()))
+        self.shard.grad = mean
+        self.reshard()
 
 
-class LinearWithEinsumAndAGradientForEveryInput(torch.autograd.Function):
-    """Gradients by einsum, the mean taken before the reduce-scatter."""
+# -- the FSDP unit, two other ways -------------------------------------------------------------------
+class UnitWithListGathersAndBackwardPrefetch(FlatParameters):
+    """All-gathers into a list of views of `full`; in backward, also prefetches the unit before."""
 
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.dims = (out_features, in_features)
-        full = torch.empty(shard.numel() * dist.get_world_size())
-        GATHER(full, shard)
-        weight = full[:out_features * in_features].reshape(out_features, in_features)
-        return torch.einsum("bi,oi->bo", x, weight) + full[out_features * in_features:][:out_features]
+    def __init__(self, module, next_unit=None):
+        super().__init__(module)
+        self.next_unit, self.previous_unit = next_unit, None
+        if next_unit is not None:
+            next_unit.previous_unit = self
+        world_size = dist.get_world_size()
+        size = -(-self.flat.numel() // world_size)
+        padded = torch.zeros(size * world_size, dtype=self.flat.dtype)
+        padded[:self.flat.numel()] = self.flat
+        self.shard = torch.nn.Parameter(padded.chunk(world_size)[dist.get_rank()].clone(),
+                                        requires_grad=self.requires_grad)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        out_features, in_features = ctx.dims
-        full = torch.empty(shard.numel() * dist.get_world_size())
-        GATHER(full, shard)
-        weight = full[:out_features * in_features].reshape(out_features, in_features)
-        grad_x = torch.einsum("bo,oi->bi", grad_out, weight)
-        if not ctx.needs_input_grad[1]:
-            return grad_x, None, None, None
-        flat = torch.cat([torch.einsum("bo,bi->oi", grad_out, x).flatten(), grad_out.sum(0)])
-        flat = F.pad(flat, (0, full.numel() - flat.numel())) / dist.get_world_size()
-        grad_shard = torch.zeros_like(shard)
-        SCATTER(grad_shard, flat)
-        return grad_x, grad_shard, None, None
+    def unshard(self, async_op=False):
+        if self.full_bytes() and self.pending_gather is None:
+            return None
+        full = self.allocate_full()
+        return dist.all_gather(list(full.chunk(dist.get_world_size())), self.shard.detach(),
+                               async_op=async_op)
+
+    def wait(self):
+        if self.pending_gather is not None:
+            self.pending_gather.wait()
+            self.pending_gather = None
+
+    def pre_forward(self):
+        if self.pending_gather is None:
+            self.unshard()
+        self.wait()
+        if self.next_unit is not None:
+            self.next_unit.pending_gather = self.next_unit.unshard(async_op=True)
+
+    def post_forward(self):
+        self.free_full()
+
+    def pre_backward(self):
+        if self.pending_gather is None and not self.full_bytes():
+            self.unshard()
+        self.wait()
+        before = self.previous_unit
+        if before is not None and before.requires_grad and not before.full_bytes():
+            before.pending_gather = before.unshard(async_op=True)
+
+    def post_backward(self):
+        gradient = self.flat_gradient()
+        grad_shard = torch.zeros_like(self.shard)
+        dist.reduce_scatter(grad_shard, list(gradient.chunk(dist.get_world_size())))
+        self.shard.grad = grad_shard / dist.get_world_size()
+        self.free_full()
+
+
+class UnitGathersThroughATemporary(FSDPUnit):
+    """Exercise 2's gather_full (a new tensor), copied into `full`: the temporary is dropped."""
+
+    def unshard(self, async_op=False):
+        full = self.allocate_full()
+        full.copy_(gather_as_a_list(self.shard.detach()))
+        return _Done() if async_op else None
+
+
+class _Done:
+    def wait(self):
+        pass
+
+
+class UnitKeepsTheLastGatheredIntoBackward(FSDPUnit):
+    """FSDP2's reshard_after_forward=False for the last unit (backward needs it at once); the
+    gradient divided before the reduce-scatter; an async reduce-scatter, waited at once."""
+
+    def post_forward(self):
+        if self.next_unit is not None:
+            self.reshard()
+
+    def pre_backward(self):
+        if not self.full_bytes():
+            self.unshard()
+
+    def post_backward(self):
+        gradient = self.flat_gradient() / dist.get_world_size()
+        grad_shard = torch.empty_like(self.shard)
+        SCATTER(grad_shard, gradient, async_op=True).wait()
+        self.shard.grad = grad_shard
+        self.reshard()
 
 
 ALTERNATIVES = {
@@ -154,10 +220,13 @@ ALTERNATIVES = {
         answer("dist.all_gather into a list, torch.cat", gather_as_a_list),
         answer("each shard placed in zeros, then all-reduced", gather_by_summing_placed_shards),
     ],
-    lesson16.check_sharded_linear: [
-        answer("autograd recomputes the layer in backward; list collectives",
-               LinearRecomputedByAutograd),
-        answer("einsum, the mean before the reduce-scatter", LinearWithEinsumAndAGradientForEveryInput),
+    lesson16.check_fsdp_unit: [
+        answer("list all-gathers into views, a backward prefetch too",
+               UnitWithListGathersAndBackwardPrefetch),
+        answer("the last unit stays gathered into backward; divides first",
+               UnitKeepsTheLastGatheredIntoBackward),
+        answer("gathers into a temporary (exercise 2's way), copied into full; prefetch not async",
+               UnitGathersThroughATemporary),
     ],
 }
 
@@ -258,110 +327,92 @@ def always_float32(shard):
     return full
 
 
-# -- an FSDP layer ---------------------------------------------------------------------------------
-def _gather(shard):
-    full = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype)
-    GATHER(full, shard)
-    return full
+# -- the FSDP unit, wrong ---------------------------------------------------------------------------
+class TheCoursesUnitUnderAnotherName(CourseFSDPUnit):
+    pass
 
 
-def _split(full, out_features, in_features):
-    n = out_features * in_features
-    return full[:n].view(out_features, in_features), full[n:n + out_features]
+class NeverFreesAfterForward(FSDPUnit):
+    def post_forward(self):
+        pass
 
 
-class _ShardedLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        weight, bias = _split(_gather(shard), out_features, in_features)
-        ctx.save_for_backward(x, shard)
-        ctx.shape = (out_features, in_features)
-        return F.linear(x, weight, bias)
+class DropsItsReferenceInsteadOfFreeing(FSDPUnit):
+    """Frees by forgetting `full`: autograd saved views of it for backward, so it stays in memory."""
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        full = _gather(shard)
-        return _gradients(ctx, grad_out, x, shard, full, _reduce_scatter_mean)
+    def reshard(self):
+        self.full = None
 
 
-def _gradients(ctx, grad_out, x, shard, full, reduce):
-    weight, _ = _split(full, *ctx.shape)
-    grad_shard = None
-    if ctx.needs_input_grad[1]:
-        grad_full = torch.zeros_like(full)
-        grad_weight, grad_bias = _split(grad_full, *ctx.shape)
-        grad_weight.copy_(grad_out.T @ x)
-        grad_bias.copy_(grad_out.sum(0))
-        grad_shard = reduce(grad_full, shard)
-    return grad_out @ weight, grad_shard, None, None
+class NeverGathersForBackward(FSDPUnit):
+    def pre_backward(self):
+        pass
 
 
-def _reduce_scatter_mean(grad_full, shard):
-    grad_shard = torch.empty_like(shard)
-    SCATTER(grad_shard, grad_full)
-    return grad_shard / dist.get_world_size()
+class AllReducesTheGradient(FSDPUnit):
+    def post_backward(self):
+        gradient = self.flat_gradient()
+        dist.all_reduce(gradient)
+        size, rank = self.shard.numel(), dist.get_rank()
+        self.shard.grad = gradient[rank * size:(rank + 1) * size] / dist.get_world_size()
+        self.reshard()
 
 
-class KeepsFullParametersForBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        full = _gather(shard)
-        ctx.save_for_backward(x, shard, full)
-        ctx.shape = (out_features, in_features)
-        return F.linear(x, *_split(full, out_features, in_features))
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard, full = ctx.saved_tensors
-        return _gradients(ctx, grad_out, x, shard, full, _reduce_scatter_mean)
+class NeverPrefetches(FSDPUnit):
+    def pre_forward(self):
+        self.unshard()
 
 
-class HoldsFullParametersOnCtx(_ShardedLinear):
-    """Gathers again for backward, but its ctx still holds the forward's full parameters."""
-
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        ctx.save_for_backward(x, shard)
-        ctx.shape, ctx.full = (out_features, in_features), _gather(shard)
-        return F.linear(x, *_split(ctx.full, out_features, in_features))
-
-
-def _all_reduce_then_slice(grad_full, shard):
-    dist.all_reduce(grad_full)
-    rank = dist.get_rank()
-    return grad_full[rank * shard.numel():(rank + 1) * shard.numel()] / dist.get_world_size()
+class PrefetchesTwoUnitsAhead(FSDPUnit):
+    def pre_forward(self):
+        if self.pending_gather is not None:
+            self.pending_gather.wait()
+            self.pending_gather = None
+        else:
+            self.unshard()
+        ahead = self.next_unit.next_unit if self.next_unit is not None else None
+        if ahead is not None:
+            ahead.pending_gather = ahead.unshard(async_op=True)
 
 
-def _reduce_scatter_sum(grad_full, shard):
-    grad_shard = torch.empty_like(shard)
-    SCATTER(grad_shard, grad_full)
-    return grad_shard
+class PrefetchesThenGathersAgain(FSDPUnit):
+    def pre_forward(self):
+        self.unshard()  # the prefetched all-gather is never waited for: gathered twice
+        if self.next_unit is not None:
+            self.next_unit.pending_gather = self.next_unit.unshard(async_op=True)
 
 
-class AllReducesGradients(_ShardedLinear):
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        return _gradients(ctx, grad_out, x, shard, _gather(shard), _all_reduce_then_slice)
+class SumsTheGradients(FSDPUnit):
+    def post_backward(self):
+        gradient = torch.empty_like(self.shard)
+        SCATTER(gradient, self.flat_gradient())
+        self.shard.grad = gradient
+        self.reshard()
 
 
-class SumsGradients(_ShardedLinear):
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        return _gradients(ctx, grad_out, x, shard, _gather(shard), _reduce_scatter_sum)
+def _pad_a_whole_row_when_divisible(unit, module, next_unit):
+    FlatParameters.__init__(unit, module)
+    unit.next_unit = next_unit
+    world_size = dist.get_world_size()
+    padded = F.pad(unit.flat, (0, world_size - unit.flat.numel() % world_size))  # never 0
+    size = padded.numel() // world_size
+    unit.shard = torch.nn.Parameter(padded[dist.get_rank() * size:][:size].clone(),
+                                    requires_grad=unit.requires_grad)
 
 
-class LocalGradientOnly(_ShardedLinear):
-    """Takes its own slice of its local gradient: no communication in backward."""
+class PadsAWholeRowWhenDivisible(FSDPUnit):
+    __init__ = _pad_a_whole_row_when_divisible
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        rank = dist.get_rank()
-        return _gradients(ctx, grad_out, x, shard, _gather(shard),
-                          lambda full, shard: full[rank * shard.numel():(rank + 1) * shard.numel()].clone())
+
+class ShardsWithoutPadding(FSDPUnit):
+    """Floor division: the last few parameters belong to no shard."""
+
+    def __init__(self, module, next_unit=None):
+        FlatParameters.__init__(self, module)
+        self.next_unit = next_unit
+        size = self.flat.numel() // dist.get_world_size()
+        self.shard = torch.nn.Parameter(self.flat[dist.get_rank() * size:][:size].clone(),
+                                        requires_grad=self.requires_grad)
 
 
 WRONG_ANSWERS = {
@@ -379,13 +430,18 @@ WRONG_ANSWERS = {
         wrong_answer("the shards in reverse rank order", reversed_order),
         wrong_answer("a float32 tensor whatever the shard's dtype", always_float32),
     ],
-    lesson16.check_sharded_linear: [
-        wrong_answer("keeps the full parameters from forward to backward",
-                     KeepsFullParametersForBackward),
-        wrong_answer("gathers again for backward, but keeps the forward's on ctx",
-                     HoldsFullParametersOnCtx),
-        wrong_answer("all-reduces the gradient, then slices it", AllReducesGradients),
-        wrong_answer("sums the gradients instead of averaging", SumsGradients),
-        wrong_answer("keeps its own slice of its local gradient", LocalGradientOnly),
+    lesson16.check_fsdp_unit: [
+        wrong_answer("never frees the full parameters after forward", NeverFreesAfterForward),
+        wrong_answer("frees by dropping its reference (autograd keeps them)",
+                     DropsItsReferenceInsteadOfFreeing),
+        wrong_answer("never gathers again for backward", NeverGathersForBackward),
+        wrong_answer("all-reduces the gradient, then slices its part", AllReducesTheGradient),
+        wrong_answer("no prefetch", NeverPrefetches),
+        wrong_answer("prefetches the unit two ahead", PrefetchesTwoUnitsAhead),
+        wrong_answer("prefetches, then gathers again", PrefetchesThenGathersAgain),
+        wrong_answer("sums the gradients instead of averaging", SumsTheGradients),
+        wrong_answer("pads a whole extra row when the size divides", PadsAWholeRowWhenDivisible),
+        wrong_answer("shards without padding (floor division)", ShardsWithoutPadding),
+        wrong_answer("the course's FSDPUnit under another name", TheCoursesUnitUnderAnotherName),
     ],
 }
