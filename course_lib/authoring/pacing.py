@@ -17,14 +17,15 @@ PROSE_WORDS_PER_MINUTE = 180  # technical prose read to understand it (plain tex
 CODE_LINES_PER_MINUTE = 10    # code read line by line, to follow what it does
 SECONDS_PER_CODE_CELL = 15    # run a cell, look at what it printed or drew
 EXERCISE_MINUTES = {"FILL-IN": 5, "MEASURE": 10, "DIAGNOSE": 12, "BUILD": 15}
-EXERCISE_SIZE = {"check_capstone": 3}  # the capstone converts a whole script: three builds' worth
+EXERCISE_SIZE = {"check_capstone": 3,  # the capstone converts a whole script: three builds' worth
+                 "check_fsdp_unit": 2}  # six hooks of one unit, a prefetch among them
 PAUSE_OVER_MINUTES = 90       # a longer lesson says where to pause
 
 # Seconds each solution took to execute on 2 CPU cores (run-solutions, 2026-11-26, this course's CI
 # machine with other work beside it): waiting for cells is part of reading and running.
 MEASURED_RUN_SECONDS = {"00": 32, "01": 18, "02": 36, "03": 44, "04": 88, "05": 41, "06": 43,
                         "07": 27, "08": 53, "09": 36, "10": 60, "11": 29, "12": 78, "13": 97,
-                        "14": 230, "15": 40, "16": 36}
+                        "14": 230, "15": 40, "16": 36, "17": 34}
 
 # What each exercise asks of the learner (its grader's name): fill in a given recipe, build a
 # mechanism, measure this machine, or diagnose a broken run they were not told the cause of.
@@ -55,7 +56,8 @@ EXERCISE_KINDS = {
     "check_add_noise": "DIAGNOSE", "check_make_loader": "DIAGNOSE", "check_wrap_for_ddp": "DIAGNOSE",
     "check_capstone": "BUILD",
     "check_overlapping_ddp": "BUILD", "check_plan_buckets": "BUILD", "check_bucketed_ddp": "BUILD",
-    "check_sharded_optimizer": "BUILD", "check_gather_full": "BUILD", "check_sharded_linear": "BUILD",
+    "check_sharded_optimizer": "BUILD", "check_gather_full": "BUILD", "check_fsdp_unit": "BUILD",
+    "check_tensor_parallel": "BUILD", "check_sequence_parallel": "BUILD",
 }
 STATED = re.compile(r"(?i)(about\**\s+)(\d+)( minutes\**(?::|\s*\()\s*)(\d+)"
                     r"( (?:to read and run|reading and running)[^,]*,\s*)(\d+)( for)")

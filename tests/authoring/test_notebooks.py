@@ -27,7 +27,7 @@ NOTEBOOK_TIMEOUT_S = 600
 # (reduce_scatter, all_to_all on gloo), autocast's op lists, DTensor and distributed checkpoints,
 # the flight recorder and torchfrtrace, FSDP2 and ZeroRedundancyOptimizer. CI runs these on the
 # newest torch as well as the pinned one (.ci/run).
-TORCH_API_LESSONS = {"03", "06", "07", "13", "16"}
+TORCH_API_LESSONS = {"03", "06", "07", "13", "16", "17"}
 
 
 def notebooks(folder_name):

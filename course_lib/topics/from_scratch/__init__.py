@@ -3,8 +3,13 @@
     ddp          DDPFromScratch: an all-reduce per gradient, or per bucket, launched in backward  (lesson 15)
     buckets      grouping gradients in reverse registration order up to bucket_cap_mb
     zero         ShardedOptimizer: ZeRO-1, each rank keeps the optimizer state of its share
-    fsdp         FSDPFromScratch: shards per unit, gathered for its forward and its backward
+    flat_parameters  FlatParameters: a module's parameters as views of one flat buffer, freed and refilled
+    fsdp_unit    FSDPUnit: one unit with FSDP2's hooks and a prefetch, on FlatParameters   (lesson 16)
+    fsdp         FSDPFromScratch: any module, unit by unit (tied weights, frozen parts, a compute dtype)
     events       what each wrapper did and when (`wrapper.events`), for graders and timelines
+    transformer_parts  the unsplit MLP, attention (heads side by side) and LayerNorm block of lesson 17
+    tensor_parallel    column- and row-parallel Linear, their autograd pair, an MLP and attention split   (lesson 17)
+    sequence_parallel  all-gather / reduce-scatter around them, LayerNorm on the sequence shard
 """
 from .ddp import DDPFromScratch
 from .events import Event

@@ -1,0 +1,137 @@
+"""What lesson 17's graders run on each rank: the learner's split layers (or sequence-parallel
+block) on the course's parts, then torch's DTensor `parallelize_module` on the same parts. Each
+rank returns observations (outputs, gradients, the collectives each phase called), never a verdict.
+"""
+import torch
+import torch.distributed as dist
+
+from ...topics.from_scratch import sequence_parallel as course_sp, tensor_parallel as course_tp
+from ...topics.from_scratch.transformer_parts import make_part
+from ...topics.traffic import count_traffic
+from ..engine.call_watch import calls_of
+
+SEQUENCE, BATCH, HIDDEN = 6, 2, 16
+LAYERS = {"mlp": ("fc1", "fc2"), "attention": ("qkv", "out")}  # (column-parallel, row-parallel)
+SP_PARAMETERS = ("norm.weight", "norm.bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
+COURSE_TP = (course_tp.ColumnParallelLinear.__init__, course_tp.RowParallelLinear.__init__,
+             course_tp.CopyToParallel.backward, course_tp.ReduceFromParallel.forward)
+COURSE_SP = (course_sp.SequenceParallelMLP.forward, course_sp.GatherSequence.forward,
+             course_sp.ScatterSequence.forward)
+COURSE_CLASSES = (course_sp.SequenceParallelMLP, course_tp.ColumnParallelLinear,
+                  course_tp.RowParallelLinear)
+
+
+def course_bases(*classes) -> list:
+    """The course's classes that any of the learner's `classes` inherits from, by name: a class
+    built on them is not the learner's own, whichever of its methods it rewrites."""
+    return [f"{base.__module__}.{base.__qualname__}" for cls in classes for base in COURSE_CLASSES
+            if isinstance(cls, type) and issubclass(cls, base)]
+
+
+def inputs(data_seed: int) -> tuple:
+    """The whole sequence's input and the gradient that flows back into the output."""
+    draw = torch.Generator().manual_seed(data_seed)
+    return (torch.randn(SEQUENCE, BATCH, HIDDEN, generator=draw),
+            torch.randn(SEQUENCE, BATCH, HIDDEN, generator=draw))
+
+
+def _step(module, x, grad_out, *grads):
+    """Forward and backward, each counted; the output, x's gradient, the named gradients."""
+    x = x.clone().requires_grad_()
+    with count_traffic() as forward:
+        out = module(x)
+    with count_traffic() as backward:
+        out.backward(grad_out)
+    return dict(out=out.detach(), x_grad=x.grad, grads=[grad() for grad in grads],
+                forward=list(forward.collectives), backward=list(backward.collectives),
+                forward_bytes=dict(forward.collective_bytes),
+                backward_bytes=dict(backward.collective_bytes))
+
+
+def _grad(module, name):
+    def read():
+        param = getattr(module, name, None)
+        return None if not isinstance(param, torch.Tensor) or param.grad is None else param.grad.detach()
+    return read
+
+
+# -- tensor parallel ---------------------------------------------------------------------------------
+def tp_on_rank(column, row, data_seed: int) -> dict:
+    if course_bases(column, row):
+        return {"course_bases": course_bases(column, row)}
+    x, grad_out = inputs(data_seed)
+    mine = {}
+    with calls_of(*COURSE_TP) as library_calls:
+        for kind, (first, second) in LAYERS.items():
+            part = make_part(kind)
+            split = course_tp.split_mlp(part, column, row) if kind == "mlp" else \
+                course_tp.split_attention(part, column, row)
+            layers = [getattr(split, first), getattr(split, second)]
+            mine[kind] = _step(split, x, grad_out, *(_grad(layer, name) for layer in layers
+                                                    for name in ("weight", "bias")))
+    if library_calls:
+        return {"library_calls": library_calls}
+    return dict(mine=mine, torch={kind: _dtensor_tp(kind, x, grad_out) for kind in LAYERS})
+
+
+def _mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+def _full(tensor):
+    """A plain tensor: a DTensor's whole value; an AsyncCollectiveTensor waited for (any op does)."""
+    if tensor is None:
+        return None
+    tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return tensor.detach().clone()
+
+
+def _dtensor_tp(kind, x, grad_out):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    first, second = LAYERS[kind]
+    part = parallelize_module(make_part(kind), _mesh(), {first: ColwiseParallel(),
+                                                         second: RowwiseParallel()})
+    x = x.clone().requires_grad_()
+    out = part(x)
+    out.backward(grad_out)
+    return dict(out=_full(out), x_grad=_full(x.grad),
+                grads=[_full(getattr(getattr(part, layer), name).grad) for layer in (first, second)
+                       for name in ("weight", "bias")])
+
+
+# -- sequence parallel -------------------------------------------------------------------------------
+def sp_on_rank(sp_class, data_seed: int) -> dict:
+    if course_bases(sp_class):
+        return {"course_bases": course_bases(sp_class)}
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    x, grad_out = (t.chunk(world_size)[rank].clone() for t in inputs(data_seed))
+    with calls_of(*COURSE_SP) as library_calls:
+        block = sp_class(make_part("block"))
+        names = [name.split(".") for name in SP_PARAMETERS]
+        read = [_grad(getattr(block, n[0], None), n[1]) if len(n) == 2 else _grad(block, n[0])
+                for n in names]
+        seen = _step(block, x, grad_out)
+        with count_traffic() as sync:
+            block.finish_gradient_sync()
+        seen.update(grads=[grad() for grad in read], sync=list(sync.collectives))
+    if library_calls:
+        return {"library_calls": library_calls}
+    return dict(mine=seen, torch=_dtensor_sp(x, grad_out))
+
+
+def _dtensor_sp(x_shard, grad_out):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    block = parallelize_module(make_part("block"), _mesh(), {
+        "norm": SequenceParallel(sequence_dim=0), "mlp.fc1": ColwiseParallel(input_layouts=Shard(0)),
+        "mlp.fc2": RowwiseParallel(output_layouts=Shard(0))})
+    x_shard = x_shard.clone().requires_grad_()
+    out = block(x_shard)
+    out.backward(grad_out)
+    params = (block.norm.weight, block.norm.bias, block.mlp.fc1.weight, block.mlp.fc1.bias,
+              block.mlp.fc2.weight, block.mlp.fc2.bias)
+    return dict(out=_full(out), x_grad=_full(x_shard.grad), grads=[_full(p.grad) for p in params])
