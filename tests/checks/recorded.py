@@ -24,3 +24,15 @@ def record_check(check, args, kwargs, seed_offset, folder):
     assert record["seed_offset"] == seed_offset
     assert len(record["checks"]) == 1, f"one check call made {len(record['checks'])} records"
     return in_notebook, record["checks"][0]
+
+
+def replayed_wrong_answers(graders: dict, wrong_answers: dict, slow: set) -> dict:
+    """{lesson: (check, wrong answer)}: the one wrong answer per lesson that test_checks.py also
+    replays in the judge, the first fast one of the lesson's first grader that has one."""
+    chosen = {}
+    for lesson, checks in sorted(graders.items()):
+        found = next(((check, wrong) for check in checks if check not in slow
+                      for wrong in wrong_answers.get(check, []) if not wrong.slow), None)
+        if found:
+            chosen[lesson] = found
+    return chosen

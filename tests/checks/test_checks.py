@@ -3,12 +3,18 @@
 Lesson graders are found in course_lib/checks/lessonNN (a module or a package); the wrong answers
 that drive these tests are in tests/checks/answers/lessonNN.py, beside the correct alternatives
 that tests/checks/test_checks_alternatives.py runs.
+
+One wrong answer per lesson is also recorded as class grading's sandbox records it and replayed in
+the judge (engine/record.py), where no learner code runs: it must fail there with the grader's
+verdict too (the correct answers' replay is in test_checks_alternatives.py).
 """
 import pytest
 import torch
 
 from answers import WrongAnswer, all_graders, answer_modules, case_id, wrong_answer
 from course_lib.checks.engine import GradingError, describe, expect, expect_close, expect_equal, grader
+from course_lib.checks.engine.record import replay_check
+from recorded import SEED_OFFSET, record_check, replayed_wrong_answers
 
 MIN_WRONG_ANSWERS = 3
 
@@ -61,10 +67,26 @@ def test_every_grader_has_three_wrong_answers(lesson):
                          f"tests/checks/answers/{lesson}.py's WRONG_ANSWERS: " + "; ".join(missing))
 
 
+REPLAYED = replayed_wrong_answers(GRADERS, WRONG_ANSWERS, SLOW)
+
+
 @pytest.mark.parametrize("check, wrong", WRONG_ANSWER_CASES)
-def test_grader_rejects_wrong_answer(check, wrong, capsys):
-    problem = accepted_wrong_answer(check, wrong, capsys)
-    assert not problem, f"{check.__name__} {problem} (wrong answer: {wrong.description})"
+def test_grader_rejects_wrong_answer(check, wrong, capsys, tmp_path):
+    if (check, wrong) not in REPLAYED.values():
+        problem = accepted_wrong_answer(check, wrong, capsys)
+        assert not problem, f"{check.__name__} {problem} (wrong answer: {wrong.description})"
+        return
+    in_notebook, entry = record_check(check, wrong.args, wrong.kwargs, SEED_OFFSET, tmp_path)
+    assert in_notebook != "passed", f"{check.__name__} accepted it (wrong answer: {wrong.description})"
+    assert capsys.readouterr().out == "", "the grader printed while rejecting it"
+    verdict = replay_check(check, entry, SEED_OFFSET)
+    assert not verdict.passed and not verdict.grader_fault, f"replayed in the judge: {verdict.message}"
+    assert verdict.message.startswith("\u2717"), f"not the grader's verdict: {verdict.message}"
+
+
+def test_every_lesson_has_a_replayed_wrong_answer():
+    lessons = {module.__name__.rsplit(".", 1)[-1] for module in answer_modules()}
+    assert lessons <= set(REPLAYED) | {"lesson14"}, sorted(lessons - set(REPLAYED))  # 14 runs torchrun: slow
 
 
 def test_every_wrong_answer_is_for_a_real_grader():

@@ -8,7 +8,7 @@ The wrong answers sit beside them (WRONG_ANSWERS, run by tests/checks/test_check
 The first alternative of each grader runs as class grading runs it: recorded beside the answer's
 code on data drawn at grading time (a seed offset), then replayed in the judge, where its functions
 are placeholders that cannot run: it must pass on the recorded outcomes of its crossings alone
-(engine/record.py, tests/checks/test_replay.py). So a grader that runs learner code outside a
+(engine/record.py; one wrong answer per lesson is replayed in tests/checks/test_checks.py). So a grader that runs learner code outside a
 crossing, lets something that is not plain data cross, or compares on the learner's side fails here.
 """
 import pytest
