@@ -10,9 +10,9 @@ parameters and buffers are broadcast at construction; a hook on each parameter
 gradient, also for a weight shared by two layers) launches an asynchronous all-reduce
 (`async_op=True`) so communication overlaps the rest of backward. The first hook of each backward
 queues `finish_gradient_sync` with the autograd engine (`Variable._execution_engine.queue_callback`,
-run once this backward's graph is done: torch's DDP queues its Reducer's wait the same way with
-static_graph (torch/nn/parallel/distributed.py), FSDP2 its root's post-backward, picotron its
-bucketed DDP's wait), so backward() returns with the gradients averaged. Parameters that do not
+run once this backward's graph is done: torch's DDP queues its Reducer's finalize_backward, the
+wait, the same way (reducer.cpp, once the last bucket is launched), FSDP2 its root's post-backward,
+picotron its bucketed DDP's wait), so backward() returns with the gradients averaged. Parameters that do not
 require grad get no hook and are never reduced. `ddp.events` records every launch (see events.py).
 """
 from __future__ import annotations
