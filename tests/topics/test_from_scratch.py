@@ -191,7 +191,7 @@ def fsdp_runs():
         if isinstance(layer, nn.Linear):
             layer.register_forward_pre_hook(  # after FSDPFromScratch's own (hooks run in order)
                 lambda module, args, name=name: gathered_while_running.append((name, fsdp.gathered())))
-    results["events"] = train(fsdp, torch.optim.AdamW(fsdp.parameters(), **options), fsdp.finish_gradient_sync)
+    results["events"] = train(fsdp, torch.optim.AdamW(fsdp.parameters(), **options))  # backward() syncs
     results["gathered while running"] = gathered_while_running
     results["gathered after"] = fsdp.gathered()
     results["shard elements"] = sum(p.numel() for p in fsdp.parameters())
@@ -215,7 +215,7 @@ def fsdp_in_bfloat16(mesh, options):
     fsdp = FSDPFromScratch(model, compute_dtype=torch.bfloat16)
     computed_in = []
     model.out.register_forward_pre_hook(lambda module, args: computed_in.append((module.weight.dtype, args[0].dtype)))
-    train(fsdp, torch.optim.AdamW(fsdp.parameters(), **options), fsdp.finish_gradient_sync)
+    train(fsdp, torch.optim.AdamW(fsdp.parameters(), **options))
     results["computed in"] = computed_in[-1]
     results["kept in"] = {p.dtype for p in fsdp.parameters()} | {p.grad.dtype for p in fsdp.parameters()
                                                                  if p.grad is not None}

@@ -2,7 +2,7 @@
 
     fsdp = FSDPFromScratch(model)                       # the shards are fsdp.parameters()
     optimizer = torch.optim.AdamW(fsdp.parameters())    # so the optimizer state is sharded too
-    loss_fn(fsdp(X), y).backward(); fsdp.finish_gradient_sync(); optimizer.step()
+    loss_fn(fsdp(X), y).backward(); optimizer.step()  # backward() returns with the shards' gradients averaged
 
 Granularity: each direct child of `module` that has parameters is a unit (or the modules given
 as `units`); what is left (the root's own parameters, and any parameter shared by two units, a
@@ -19,7 +19,9 @@ what the optimizer sees: fsdp.parameters() are the shards.
 - Each gathered parameter is a fresh leaf; a post-accumulate-grad hook counts them, and once the
   unit's last gradient is in, the flat gradient is reduce-scattered (async) into the shards and
   the full parameters freed (a frozen unit's: when its backward is over, seen by an identity
-  autograd Function on its inputs). finish_gradient_sync() waits and averages.
+  autograd Function on its inputs). The first gradient of a backward queues the wait with the
+  autograd engine (`Variable._execution_engine.queue_callback`, as ddp.py does and FSDP2 its root's
+  post-backward), so backward() returns once every reduce-scatter is done and averaged.
 - Outside a unit's forward its modules' parameters are None: full_state_dict() gathers them.
 - compute_dtype: the gather, the forward, backward and the reduce-scatter run in that dtype (each
   unit's floating-point inputs are cast to it); the shards and the optimizer keep their own dtype.
@@ -36,6 +38,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd import Variable
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .events import record
@@ -167,7 +170,7 @@ class FSDPFromScratch(nn.Module):
     compute_dtype: e.g. torch.bfloat16 to compute in it while the shards stay fp32 (None: the
     parameters' own dtype). units: the modules to shard as units (default: each direct child of
     `module` with parameters). Rank 0's parameters and buffers are broadcast first; buffers are
-    not sharded. After backward() call finish_gradient_sync(), then the optimizer's step.
+    not sharded. backward() returns with the shards' gradients averaged, ready for the step.
     """
 
     def __init__(self, module: nn.Module, compute_dtype: Optional[torch.dtype] = None,
@@ -183,7 +186,7 @@ class FSDPFromScratch(nn.Module):
         self.names = [name for name, _ in module.named_parameters()]
         self._build_units(module, units)
         self.shards = nn.ParameterList([g.shard for groups in self.unit_groups.values() for g in groups])
-        self._handles = []
+        self._handles, self.finish_queued = [], False
         for unit_name, unit_module in self.unit_modules.items():
             self._handles += [unit_module.register_forward_pre_hook(self._before_forward(unit_name)),
                               unit_module.register_forward_hook(self._after_forward(unit_name))]
@@ -278,6 +281,9 @@ class FSDPFromScratch(nn.Module):
 
     def _gradient_hook(self, group: FlatGroup):
         def hook(leaf):
+            if not self.finish_queued:  # the first gradient of this backward: wait at its end
+                self.finish_queued = True
+                Variable._execution_engine.queue_callback(self._end_of_backward)
             if group.gradient_ready(self.events):
                 self._free_unit_if_done(group)
         return hook
@@ -294,7 +300,16 @@ class FSDPFromScratch(nn.Module):
         return value
 
     # -- after backward -----------------------------------------------------------------------------
+    def _end_of_backward(self) -> None:
+        self.finish_queued = False
+        self._wait_and_average()
+
     def finish_gradient_sync(self) -> None:
+        """Run for you at the end of backward(); when called again, nothing is left to wait for."""
+        if any(group.work is not None for groups in self.unit_groups.values() for group in groups):
+            self._wait_and_average()
+
+    def _wait_and_average(self) -> None:
         """Wait for every reduce-scatter; each shard's .grad then holds its averaged gradient."""
         missing = [group.unit for groups in self.unit_groups.values() for group in groups
                    if group.requires_grad and group.work is None]
