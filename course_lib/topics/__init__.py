@@ -14,5 +14,5 @@
     pitfalls      the clinic's broken snippets next to their fixes            (lesson 08)
     debugging     broken runs next to their fixes; the flight recorder's dumps  (lesson 13)
     from_scratch  DDP (overlap, buckets), ZeRO-1 and FSDP from hooks and collectives (lessons 15, 16);
-                  tensor and sequence parallelism (lesson 17)
+                  tensor and sequence parallelism (lesson 17); pipeline stages and schedules (lesson 18)
 """

@@ -10,6 +10,9 @@
     transformer_parts  the unsplit MLP, attention (heads side by side) and LayerNorm block of lesson 17
     tensor_parallel    column- and row-parallel Linear, their autograd pair, an MLP and attention split   (lesson 17)
     sequence_parallel  all-gather / reduce-scatter around them, LayerNorm on the sequence shard
+    pipeline     Stage: a rank's part of the model, joined to its neighbours by isend/recv   (lesson 18)
+    pipeline_schedules  GPipe and 1F1B orders, played out on paper (a hang or a mix-up named)
+    pipeline_drawing    each rank's forwards and backwards, on paper or measured
 """
 from .ddp import DDPFromScratch
 from .events import Event
