@@ -128,4 +128,7 @@ def check_global_batch_size(global_batch_size):
         expect_equal(got, expected, call,
                      hint=f"one optimizer step here averages over {expected} samples: count "
                           f"what each rank sees in one step, then all ranks")
+        expect(isinstance(got, int) and not isinstance(got, bool), f"{call}: its type", "an int",
+               type(got).__name__, f"{got!r} equals {expected}, but a batch size is a count: "
+               "DataLoader(batch_size=...) and range() refuse a float or a tensor")
 

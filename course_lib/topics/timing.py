@@ -3,6 +3,7 @@
 CUDA kernels run asynchronously: without a synchronisation the clock only measures their launch.
 """
 import contextlib
+import gc
 import hashlib
 import hmac
 import os
@@ -43,6 +44,48 @@ def synchronize(device=None) -> None:
     """Wait until the work queued on `device` has finished; the CPU has nothing to wait for."""
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def interruption_counts() -> tuple:
+    """(times the OS has taken the core from this thread against its will, garbage collections
+    Python has run), both counted since the process started: read before and after a step, the
+    differences say what interrupted it. The OS count is the kernel's involuntary context switches
+    (getrusage's ru_nivcsw: per thread on Linux, per process elsewhere; 0 where Python has no
+    `resource` module, as on Windows)."""
+    try:
+        import resource
+    except ImportError:
+        switches = 0
+    else:
+        who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+        switches = resource.getrusage(who).ru_nivcsw
+    return switches, sum(generation["collections"] for generation in gc.get_stats())
+
+
+def uninterrupted_seconds(fn: Callable[[], object], repeats: int = 20, warmup: int = 2,
+                          device: Optional[torch.device] = None) -> List[float]:
+    """The seconds of `repeats` timed calls of `fn` (after `warmup` calls), without those during
+    which the OS switched this thread out (interruption_counts): what `fn` costs while it has the
+    core, on a machine that other programs share. Fewer than `repeats` numbers where some were."""
+    if warmup:  # the warm-up calls, timed by time_it and dropped
+        time_it(fn, repeats=1, warmup=warmup - 1, device=device)
+    kept = []
+    for _ in range(repeats):
+        switches = interruption_counts()[0]
+        seconds = time_it(fn, repeats=1, warmup=0, device=device).seconds[0]
+        if interruption_counts()[0] == switches:
+            kept.append(seconds)
+    return kept
+
+
+def describe_us(microseconds: List[float]) -> str:
+    """'median X µs (p10 A, p90 B)' of some microseconds; 'none' for none."""
+    if not microseconds:
+        return "none"
+    deciles = (statistics.quantiles(microseconds, n=10, method="inclusive")
+               if len(microseconds) > 1 else microseconds * 9)
+    return (f"median {statistics.median(microseconds):.0f} µs "
+            f"(p10 {deciles[0]:.0f}, p90 {deciles[-1]:.0f})")
 
 
 @dataclass

@@ -59,6 +59,16 @@ def global_batch_divides_by_accumulation(batch_size, grad_accum_steps, world_siz
     return batch_size * world_size // grad_accum_steps
 
 
+def global_batch_as_a_float(batch_size, grad_accum_steps, world_size):
+    return batch_size * grad_accum_steps * world_size / 1  # 256.0: equal to 256, not a count
+
+
+def global_batch_as_a_tensor(batch_size, grad_accum_steps, world_size):
+    import torch
+
+    return torch.tensor(batch_size * grad_accum_steps * world_size)
+
+
 def global_batch_adds(batch_size, grad_accum_steps, world_size):
     return batch_size + grad_accum_steps + world_size
 
@@ -90,5 +100,7 @@ WRONG_ANSWERS = {
         wrong_answer("forgets grad_accum_steps", global_batch_forgets_accumulation),
         wrong_answer("divides by grad_accum_steps", global_batch_divides_by_accumulation),
         wrong_answer("adds the factors", global_batch_adds),
+        wrong_answer("a float (256.0)", global_batch_as_a_float),
+        wrong_answer("a 0-dim tensor", global_batch_as_a_tensor),
     ],
 }
