@@ -1,5 +1,6 @@
 """Graders of lesson 09, scaling: speedup and efficiency measured on 1, 2 and 4 ranks with the
-oversubscribed world sizes flagged, the predicted time of a gradient all-reduce, and a batch plan.
+oversubscribed world sizes flagged, a diagnosis of whether a step is communication-bound from
+paired measurements, and a batch plan.
 
 - scaling efficiency, measured: the learner's strong-scaling runs as measure_scaling recorded them
   ({world_size: [seconds of each run]}, world sizes 1, 2 and 4), a report {world_size: (speedup,
@@ -11,7 +12,13 @@ oversubscribed world sizes flagged, the predicted time of a gradient all-reduce,
   scaling. Judged against that record, never against a new run, so no band is needed: the load
   of a busy machine changes the runs, and an honest report of any run passes; typed-in runs
   ({1: [1], 2: [.5], 4: [.25]}) or runs converted to milliseconds have no record.
-- predicted all-reduce time: a ring's 2 (N - 1) alpha + 2 (N - 1) / N x bytes x beta.
+- communication-bound or not: diagnose(with_sync, without_sync), on pairs of step times drawn at
+  grading time (grading_seed), returns the median of the pair-by-pair shares (with - without) /
+  with, the median's 90% interval (scaling.median_interval, the sign test's), and
+  "communication-bound" (all of it above 0.5), "compute-bound" (all below) or "undecided";
+  compared with scaling.communication_share,
+  which the learner may not call. The cases: load swinging between pairs, one odd pair, a
+  share straddling one half, and communication that is 60% of the compute but 37.5% of the step.
 - batch plan for a global batch: (batch_size, grad_accum_steps), whole numbers of any integer
   type, that give exactly the global batch with the fewest micro-batches that fit; a ValueError
   when the ranks cannot share it evenly.
@@ -23,8 +30,7 @@ import numpy as np
 import torch
 
 from ..runtime.shared.env import cpu_cores
-from ..topics.cost_model import ring_all_reduce_time
-from ..topics.scaling import ScalingRuns
+from ..topics.scaling import ScalingRuns, communication_share
 from .engine import expect, expect_close, grader
 from .engine.boundary import grading_seed
 from .engine.learner_call import call_learner
@@ -104,49 +110,92 @@ def _is_bool(value):
     return isinstance(value, (bool, np.bool_))
 
 
-# -- Exercise 2: a predicted all-reduce time ------------------------------------------------------
+# -- Exercise 2: is a step communication-bound? (a diagnosis from paired measurements) ---------
 
-ALL_REDUCE_CASES = [  # (n_parameters, world_size, alpha, beta, bytes_per_parameter)
-    (25_600_000, 8, 10e-6, 1 / 50e9, 4),       # ResNet-50's gradients, fp32, 8 GPUs
-    (1_000_000_000, 64, 20e-6, 1 / 25e9, 2),   # 1B parameters, bf16 gradients, 64 GPUs
-    (676, 2, 50e-6, 1 / 2e9, 4),               # the course model on 2 CPU ranks
-    (1_000_000, 1, 10e-6, 1 / 50e9, 4),        # one rank: nothing to send
-]
+VERDICTS = ("communication-bound", "compute-bound", "undecided")
+PAIRS = 16
 
 
-def all_reduce_cases(seed):
-    """ALL_REDUCE_CASES, then one drawn from `seed` (grading_seed: at grading time, one the
-    notebook never saw)."""
+def share_cases(seed):
+    """Paired step times (with_sync, without_sync) drawn from `seed` (grading_seed: at grading
+    time, data the notebook never saw), each a case a diagnosis can get wrong:
+    - communication-bound, the load swinging 1-4x from pair to pair (only pairs see through it),
+      and one pair where a burst hit the step without communication (the minimum is misleading);
+    - compute-bound, the same swings;
+    - a share spread around one half: undecided;
+    - communication 60% of the compute, 37.5% of the step: compute-bound (a share of the
+      compute, not of the step, says the opposite)."""
     generator = torch.Generator().manual_seed(seed)
-    draw = torch.rand(4, generator=generator, dtype=torch.float64).tolist()
-    drawn = (int(1e6 + draw[0] * 1e9), 2 + int(draw[1] * 62), (5 + 45 * draw[2]) * 1e-6,
-             1 / ((1 + 99 * draw[3]) * 1e9), 2 if draw[0] < 0.5 else 4)
-    return ALL_REDUCE_CASES + [drawn]
+
+    def uniform(low, high, n=PAIRS):
+        return (low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)).tolist()
+
+    def paired(compute, communication, swing, jitter=0.03):
+        loads, shake = uniform(1, swing), uniform(1 - jitter, 1 + jitter, 2 * PAIRS)
+        without = [compute * load * shake[i] for i, load in enumerate(loads)]
+        with_sync = [(compute + communication) * load * shake[PAIRS + i]
+                     for i, load in enumerate(loads)]
+        return with_sync, without
+
+    scale = uniform(0.5, 2, 4)
+    with_a, without_a = paired(1e-3 * scale[0], 5e-3 * scale[0], 4)
+    burst = int(torch.randint(0, PAIRS, (1,), generator=generator))
+    without_a[burst] = 0.8 * with_a[burst]  # a burst slowed the step without communication
+    with_b, without_b = paired(20e-3 * scale[1], 2e-3 * scale[1], 4)
+    order = torch.randperm(PAIRS, generator=generator).tolist()  # spread evenly over 0.3-0.7
+    shares = [0.3 + 0.4 * k / (PAIRS - 1) + shake for k, shake in zip(order, uniform(-.02, .02))]
+    without_c = [4e-3 * scale[2] * load for load in uniform(1, 2)]
+    with_c = [alone / (1 - share) for alone, share in zip(without_c, shares)]
+    with_d, without_d = paired(10e-3 * scale[3], 6e-3 * scale[3], 1.5, jitter=0.01)
+    return [("communication-bound, under swinging load", with_a, without_a),
+            ("compute-bound, under swinging load", with_b, without_b),
+            ("a share around one half", with_c, without_c),
+            ("communication 60% of the compute", with_d, without_d)]
 
 
-def _all_reduce_answers(all_reduce_seconds, cases):
-    """On the learner's side of the boundary: the answer to each case, as a plain number."""
-    return [as_plain(all_reduce_seconds(n_parameters, world_size, alpha, beta,
-                                        bytes_per_parameter=bytes_per_parameter))
-            for n_parameters, world_size, alpha, beta, bytes_per_parameter in cases]
+def _diagnoses(diagnose, cases):
+    """On the learner's side: each case's (share, (low, high), verdict) as plain data."""
+    results = []
+    for _, with_sync, without_sync in cases:
+        got = diagnose(list(with_sync), list(without_sync))
+        results.append({"shown": repr(got)[:160], "value": as_plain(got)})
+    return results
 
 
-@grader("predicted all-reduce time")
-def check_all_reduce_seconds(all_reduce_seconds):
-    cases = all_reduce_cases(grading_seed(0))
-    answers = call_learner(_all_reduce_answers, all_reduce_seconds, cases,
-                           what="all_reduce_seconds(n_parameters, world_size, alpha, beta, "
-                                "bytes_per_parameter=...)")
-    for (n_parameters, world_size, alpha, beta, bytes_per_parameter), got in zip(cases, answers):
-        expected = ring_all_reduce_time(n_parameters * bytes_per_parameter, world_size, alpha, beta)
-        ratio = f"{_as_float(got) / expected:.3g} times" if expected and isinstance(
-            _as_float(got), float) else "not"
-        expect_close(_as_float(got), expected,
-                     f"all_reduce_seconds({n_parameters:_}, {world_size}, alpha={alpha:g}, "
-                     f"beta={beta:g}, bytes_per_parameter={bytes_per_parameter})",
-                     f"your time is {ratio} the ring's here: count the bytes of the gradients, "
-                     "the ring's steps, and what each rank sends in one step", rtol=1e-6,
-                     atol=1e-15)
+def _unpack(value):
+    """(share, low, high, verdict) from the learner's result, or None."""
+    try:
+        share, interval, verdict = value
+        low, high = interval
+        return float(share), float(low), float(high), verdict
+    except (TypeError, ValueError):
+        return None
+
+
+@grader("communication-bound or not: a diagnosis")
+def check_communication_share(diagnose):
+    cases = share_cases(grading_seed(9))
+    results = call_learner(_diagnoses, diagnose, cases,
+                           what="diagnose(with_sync, without_sync)",
+                           written_by_you=communication_share)
+    for (name, with_sync, without_sync), result in zip(cases, results):
+        share, (low, high), verdict = communication_share(with_sync, without_sync)
+        what = f"diagnose(...) on {PAIRS} pairs of steps ({name})"
+        got = _unpack(result["value"])
+        expect(got is not None, what, "(share, (low, high), verdict)", result["shown"],
+               "return the median share, its 10th and 90th percentiles as a pair, and the verdict")
+        expect_close(got[0], share, f"{what}: the share",
+                     "each pair's share is (with - without) / with, the communication's part of "
+                     "that pair's whole step; the median of those shares (pair the steps: the "
+                     "load changes from pair to pair)", rtol=1e-6, atol=1e-9)
+        expect_close(got[1:3], (low, high), f"{what}: (low, high)",
+                     "the 90% interval of the median of the pair-by-pair shares "
+                     "(scaling.median_interval(shares)): not the minimum and maximum, which one "
+                     "odd pair moves, nor the spread of single pairs", rtol=1e-6, atol=1e-9)
+        expect(got[3] == verdict, f"{what}: the verdict", repr(verdict), repr(got[3]),
+               f"one of {VERDICTS}: communication-bound only when the whole interval is above "
+               "one half, compute-bound only when it is all below; otherwise the measurement "
+               "cannot tell")
 
 
 # -- Exercise 3: a batch plan for a target global batch --------------------------------------------

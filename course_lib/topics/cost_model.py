@@ -27,7 +27,8 @@ from .timing import clock_now, seal, sealed_here, synchronize
 
 __all__ = ["AllReduceSweep", "ring_all_reduce_time", "naive_all_reduce_time", "tree_all_reduce_time",
            "ring_all_reduce_bytes", "ring_broadcast_bytes", "data_parallel_device0_bytes",
-           "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth", "measure_all_reduce"]
+           "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth", "measure_all_reduce",
+           "PUBLISHED_ALL_REDUCE", "PUBLISHED_SOURCE", "published_seconds"]
 
 
 def ring_all_reduce_time(nbytes, world_size, alpha, beta):
@@ -201,3 +202,28 @@ def _time_one_all_reduce(tensor):
     synchronize(tensor.device)  # CUDA calls return before the GPU is done
     return time.perf_counter() - start
 
+
+# Published all-reduce sweeps of GPU clusters, (payload bytes, bus bandwidth in GB/s), from
+# stas00/ml-engineering, network/benchmarks/README.md (its all_reduce_bench.py, torch's
+# all_reduce over NCCL; on the H200 node it agrees with nccl-tests within 2%, 3-7% from 1 to
+# 16 MiB). Bus bandwidth as in nccl-tests: n / t * 2 (N - 1) / N.
+PUBLISHED_ALL_REDUCE = {
+    "one node of 8 H200 (NVLink)": dict(world_size=8, points=[
+        (32 * 2**10, 3.15), (1 * 2**20, 74.57), (16 * 2**20, 255.90), (128 * 2**20, 414.54),
+        (1 * 2**30, 465.91), (16 * 2**30, 482.25)]),
+    "4 nodes of 8 B200 (32 GPUs, network between nodes)": dict(world_size=32, points=[
+        (32 * 2**10, 0.65), (1 * 2**20, 12.47), (16 * 2**20, 71.80), (128 * 2**20, 260.50),
+        (1 * 2**30, 365.99), (16 * 2**30, 376.71)]),
+}
+
+
+def published_seconds(cluster: str):
+    """([payload bytes], [seconds]) of a PUBLISHED_ALL_REDUCE sweep: t = n / busbw * 2 (N-1) / N."""
+    sweep = PUBLISHED_ALL_REDUCE[cluster]
+    fraction = 2 * (sweep["world_size"] - 1) / sweep["world_size"]
+    return ([nbytes for nbytes, _ in sweep["points"]],
+            [nbytes * fraction / (busbw * 1e9) for nbytes, busbw in sweep["points"]])
+
+
+PUBLISHED_SOURCE = ("github.com/stas00/ml-engineering, network/benchmarks/README.md at commit "
+                    "0cc3de5 (all_reduce_bench.py's tables)")

@@ -4,11 +4,13 @@ efficiency, Amdahl's law, a step's time as compute plus a ring all-reduce, and b
 Strong scaling keeps the global batch and splits it over N ranks (ideal: N times less time per
 step); weak scaling keeps each rank's batch, so a step does N times the work (ideal: the same time).
 """
+import math
 import statistics
 import time
 import warnings
-from dataclasses import dataclass
-from typing import Optional
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 
 from .cost_model import ring_all_reduce_time
 from ..training.data import make_dataset
-from ..runtime.shared.env import cpu_cores, device_for_rank
+from ..runtime.shared.env import choose_start_method, cpu_cores, device_for_rank, threads_per_rank
 from ..runtime.launcher.launch import launch
 from ..training.models import make_model
 from .timing import Timing, clock_now, seal, sealed_here, synchronize
@@ -26,7 +28,9 @@ from .traffic import count_traffic
 __all__ = ["SCALINGS", "speedup", "efficiency", "amdahl_speedup", "fit_amdahl",
            "all_reduce_seconds", "predict_step_seconds", "accumulation_plan", "StepTiming",
            "time_ddp_steps", "measure_step_seconds", "ScalingRuns", "measure_scaling",
-           "median_of_runs", "cpu_cores"]  # cpu_cores: more ranks than cores oversubscribe them
+           "median_of_runs", "paired_ratios", "spread", "SyncCost", "time_sync_cost",
+           "measure_sync_cost", "communication_share", "SpeedupPairs", "time_speedup_pairs",
+           "measure_speedup_pairs", "median_interval", "rank_threads", "cpu_cores"]  # cpu_cores: more ranks than cores oversubscribe them
 
 SCALINGS = ("strong", "weak")
 
@@ -115,28 +119,32 @@ def accumulation_plan(global_batch_size: int, max_batch_size: int, world_size: i
 class StepTiming(Timing):
     """A Timing of training steps, with what was timed: how many ranks, DDP's `bucket_cap_mb`
     (None: DDP's default), and `buckets`, the gradient all-reduces DDP ran in one step (counted
-    by `count_traffic` in a step after the timed ones; None on one rank, which has no DDP)."""
+    by `count_traffic` in a step after the timed ones; None on one rank, which has no DDP), and
+    `ddp`: False for twins, ranks that each train the plain model on their own batch)."""
 
     world_size: int = 1
     bucket_cap_mb: Optional[float] = None
     buckets: Optional[int] = None
+    ddp: bool = True
 
 
 def time_ddp_steps(batch_size: int, hidden: int = 32, steps: int = 20, warmup: int = 5,
                    lr: float = 0.1, bucket_cap_mb: Optional[float] = None,
-                   hidden_layers: int = 1) -> StepTiming:
+                   hidden_layers: int = 1, ddp: bool = True) -> StepTiming:
     """Time training steps of the course model inside a rank (call it on every rank).
 
     Each step starts with the ranks lined up and, on a GPU, ends after a synchronisation; its
     time is the slowest rank's. One rank trains the plain model: the honest baseline is the best
     one-device program, not DDP talking to nobody. On several ranks DDP wraps the model with
-    `bucket_cap_mb`; the `warmup` steps left out include its first, single-bucket step.
+    `bucket_cap_mb`; the `warmup` steps left out include its first, single-bucket step. With
+    `ddp=False` each rank trains the plain model alone (twins: a 1-rank baseline that keeps as
+    many processes busy as the run it is compared with), still lined up and timed as the slowest.
     """
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     device = device_for_rank()
     model = make_model(seed=0, hidden=hidden, hidden_layers=hidden_layers).to(device)
-    if world_size > 1:
+    if world_size > 1 and ddp:
         device_ids = [device.index] if device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
                                                           bucket_cap_mb=bucket_cap_mb)
@@ -161,22 +169,35 @@ def time_ddp_steps(batch_size: int, hidden: int = 32, steps: int = 20, warmup: i
         seconds.append(time.perf_counter() - start)
     buckets = None
     if world_size > 1:  # a step ends when its slowest rank is done
-        slowest = torch.tensor(seconds, dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        seconds = slowest.tolist()
+        seconds = _slowest_rank(seconds, device)
+    if world_size > 1 and ddp:
         with count_traffic() as traffic:  # one more step, untimed: the counter slows every op
             step()
         buckets = traffic.collectives.count("all_reduce")
     return StepTiming(seconds=seconds[warmup:], warmup_seconds=seconds[:warmup],
-                      world_size=world_size, bucket_cap_mb=bucket_cap_mb, buckets=buckets)
+                      world_size=world_size, bucket_cap_mb=bucket_cap_mb, buckets=buckets, ddp=ddp)
+
+
+def _slowest_rank(values, device):
+    """Each entry's maximum over the ranks (call it on every rank)."""
+    slowest = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
 
 
 def measure_step_seconds(world_size: int, batch_size: int, hidden: int = 32, steps: int = 20,
                          warmup: int = 5, backend=None, timeout: float = 120,
-                         output: str = "none") -> Timing:
-    """Launch `world_size` fresh ranks, each training on `batch_size` samples; rank 0's Timing."""
+                         output: str = "none", twins: int = 1) -> Timing:
+    """Launch `world_size` fresh ranks, each training on `batch_size` samples; rank 0's Timing.
+
+    On 1 rank, `twins=2` launches two processes that each train the plain model alone (no DDP),
+    so that the baseline keeps as many cores busy as a 2-rank run: on a CPU whose cores share
+    caches, memory and a scheduler with other jobs, the comparison then measures the split of the
+    batch and the all-reduce, not how busy the other core happened to be."""
+    twinned = world_size == 1 and twins > 1
     return launch(time_ddp_steps, batch_size, hidden=hidden, steps=steps, warmup=warmup,
-                  nprocs=world_size, backend=backend, timeout=timeout, output=output)[0]
+                  ddp=not twinned, nprocs=twins if twinned else world_size, backend=backend,
+                  timeout=timeout, output=output)[0]
 
 
 class ScalingRuns(dict):
@@ -188,6 +209,7 @@ class ScalingRuns(dict):
     def facts(self):
         return (sorted(self.items()), sorted(self.timings.items()), self.batch_size, self.scaling,
                 self.clock)
+
 
     def recorded_here(self) -> bool:
         try:
@@ -202,7 +224,8 @@ def measure_scaling(world_sizes, batch_size: int, scaling: str = "strong", runs:
 
     `batch_size` is the global batch under strong scaling (each rank gets batch_size / N) and
     each rank's batch under weak scaling. The world sizes take turns, run after run, so that a
-    burst of background load slows them all alike rather than one of them.
+    burst of background load slows them all alike rather than one of them. `measure_kwargs` go to
+    measure_step_seconds (`twins=2`: the 1-rank baseline runs as twins).
     """
     _check_scaling(scaling)
     for n in world_sizes:
@@ -229,6 +252,177 @@ def measure_scaling(world_sizes, batch_size: int, scaling: str = "strong", runs:
 def median_of_runs(medians: dict) -> dict:
     """{world_size: median over runs} from measure_scaling's result."""
     return {n: statistics.median(values) for n, values in medians.items()}
+
+
+def rank_threads(nprocs: int = 2) -> int:
+    """The intra-op threads (torch.set_num_threads) that `launch` gives each of `nprocs` ranks
+    here: 1 when the ranks are forked (runtime/shared/env.threads_per_rank says why)."""
+    return threads_per_rank(nprocs, choose_start_method()[0])
+
+
+def paired_ratios(runs: dict, world_size: int, scaling: str = "strong") -> list:
+    """Run by run, the speedup of `world_size` ranks over 1: run i of each, taken in turn."""
+    _check_scaling(scaling)
+    work = world_size if scaling == "weak" else 1
+    return [work * one / many for one, many in zip(runs[1], runs[world_size])]
+
+
+def spread(values, interval=(10, 90)):
+    """(median, low, high): the median and the `interval` percentiles (numpy's, linear);
+    interval=(0, 100) gives the minimum and the maximum."""
+    low, high = np.percentile(np.asarray(values, dtype=np.float64), interval)
+    return float(np.median(values)), float(low), float(high)
+
+
+def median_interval(values, confidence: float = 0.9):
+    """(low, high): a `confidence` interval for the median of `values`, from their order (the
+    sign test's: the median lies below the k-th smallest with probability P(Binomial(n, 1/2) < k),
+    whatever the distribution). It narrows as the values grow in number, while their spread does
+    not: the interval a conclusion about the median may rest on."""
+    ordered = sorted(float(value) for value in values)
+    n = len(ordered)
+    below = 0.0  # P(Binomial(n, 1/2) <= k - 1), for k = 1, 2, ...
+    for k in range(1, n // 2 + 1):
+        below += math.comb(n, k - 1) / 2 ** n
+        if below > (1 - confidence) / 2:
+            k -= 1
+            break
+    else:
+        k = n // 2
+    if k < 1:
+        raise ValueError(f"{n} values are too few for a {confidence:.0%} interval of the median")
+    return ordered[k - 1], ordered[n - k]
+
+
+@dataclass
+class SyncCost:
+    """Pairs of DDP steps timed back to back on the same ranks, one with the gradients'
+    all-reduce and one under no_sync (no communication): `with_sync[i]` and `without_sync[i]`
+    are the i-th pair's seconds per step, the slowest rank's."""
+
+    with_sync: List[float]
+    without_sync: List[float]
+    world_size: int
+    batch_size: int
+    hidden: int
+
+
+def time_sync_cost(batch_size: int, hidden: int = 32, pairs: int = 16, warmup: int = 2,
+                   steps_per_sample: int = 2, hidden_layers: int = 1) -> SyncCost:
+    """Inside a rank (call it on every rank): what DDP's communication costs a step.
+
+    The two variants take turns (with, without, without, with, ...), so that a burst of load
+    slows both members of a pair; each sample is `steps_per_sample` steps, timed together.
+    """
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    device = device_for_rank()
+    model = make_model(seed=0, hidden=hidden, hidden_layers=hidden_layers).to(device)
+    device_ids = [device.index] if device.type == "cuda" else None
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    X, y = (tensor.to(device) for tensor in make_dataset(n_samples=batch_size, seed=rank).tensors)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    line_up, samples = torch.zeros(1, device=device), {True: [], False: []}
+    for pair in range(warmup + pairs):
+        for sync in ((True, False) if pair % 2 == 0 else (False, True)):
+            dist.all_reduce(line_up)
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps_per_sample):
+                with nullcontext() if sync else model.no_sync():  # no_sync: no all-reduce
+                    loss = F.cross_entropy(model(X), y)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                optimizer.step()
+            synchronize(device)
+            samples[sync].append((time.perf_counter() - start) / steps_per_sample)
+    with_sync, without_sync = (_slowest_rank(samples[sync][warmup:], device)
+                               for sync in (True, False))
+    return SyncCost(with_sync, without_sync, world_size, batch_size, hidden)
+
+
+@dataclass
+class SpeedupPairs:
+    """Pairs of steps timed back to back in the same processes: `one_rank[i]`, a plain model
+    training alone in every process (twins, the 1-rank baseline), and `ranks[i]`, the DDP step
+    on `world_size` ranks; the slowest process's seconds per step. `speedups()`: pair by pair."""
+
+    one_rank: List[float]
+    ranks: List[float]
+    world_size: int
+    scaling: str
+
+    def speedups(self) -> list:
+        work = self.world_size if self.scaling == "weak" else 1
+        return [work * one / many for one, many in zip(self.one_rank, self.ranks)]
+
+
+def time_speedup_pairs(batch_size: int, scaling: str = "strong", hidden: int = 32,
+                       pairs: int = 16, warmup: int = 2, steps_per_sample: int = 2):
+    """Inside a rank (call it on every rank): the 1-rank step and the DDP step, taking turns.
+
+    `batch_size` is the global batch (strong) or each rank's (weak). The baseline is the plain
+    model on the whole 1-rank batch, run in every process at once, so that both variants keep
+    the same cores busy; the two alternate (A B B A ...), so a burst of load slows both."""
+    _check_scaling(scaling)
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    device = device_for_rank()
+    per_rank = batch_size // world_size if scaling == "strong" else batch_size
+    alone = make_model(seed=0, hidden=hidden).to(device)
+    device_ids = [device.index] if device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(seed=0, hidden=hidden).to(device),
+                                                    device_ids=device_ids)
+    variants = {False: (alone, batch_size), True: (ddp, per_rank)}
+    data = {key: [t.to(device) for t in make_dataset(n_samples=n, seed=rank).tensors]
+            for key, (_, n) in variants.items()}
+    optimizers = {key: torch.optim.SGD(model.parameters(), lr=0.01)
+                  for key, (model, _) in variants.items()}
+    line_up, samples = torch.zeros(1, device=device), {False: [], True: []}
+    for pair in range(warmup + pairs):
+        for key in ((False, True) if pair % 2 == 0 else (True, False)):
+            (model, _), (X, y) = variants[key], data[key]
+            dist.all_reduce(line_up)
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps_per_sample):
+                loss = F.cross_entropy(model(X), y)
+                optimizers[key].zero_grad(set_to_none=True)
+                loss.backward()
+                optimizers[key].step()
+            synchronize(device)
+            samples[key].append((time.perf_counter() - start) / steps_per_sample)
+    one_rank, ranks = (_slowest_rank(samples[key][warmup:], device) for key in (False, True))
+    return SpeedupPairs(one_rank, ranks, world_size, scaling)
+
+
+def measure_speedup_pairs(world_size: int, batch_size: int, scaling: str = "strong",
+                          hidden: int = 32, pairs: int = 16, steps_per_sample: int = 2,
+                          backend=None, timeout: float = 120) -> SpeedupPairs:
+    """Launch `world_size` fresh ranks and run time_speedup_pairs on them; rank 0's result."""
+    return launch(time_speedup_pairs, batch_size, scaling, hidden=hidden, pairs=pairs,
+                  steps_per_sample=steps_per_sample, nprocs=world_size, backend=backend,
+                  timeout=timeout, output="none")[0]
+
+
+def measure_sync_cost(world_size: int, batch_size: int, hidden: int = 32, pairs: int = 16,
+                      steps_per_sample: int = 2, hidden_layers: int = 1, backend=None,
+                      timeout: float = 120) -> SyncCost:
+    """Launch `world_size` fresh ranks and run time_sync_cost on them; rank 0's SyncCost."""
+    return launch(time_sync_cost, batch_size, hidden=hidden, pairs=pairs,
+                  steps_per_sample=steps_per_sample, hidden_layers=hidden_layers,
+                  nprocs=world_size, backend=backend, timeout=timeout, output="none")[0]
+
+
+def communication_share(with_sync, without_sync):
+    """(share, (low, high), verdict): the fraction of a step that its communication costs, pair
+    by pair, (with - without) / with; the median of those shares and its 90% interval
+    (median_interval); "communication-bound" when the whole interval is above one half,
+    "compute-bound" when it is all below, "undecided" when it straddles one half.
+    (Exercise 2's reference.)"""
+    shares = [(synced - alone) / synced for synced, alone in zip(with_sync, without_sync)]
+    low, high = median_interval(shares)
+    verdict = ("communication-bound" if low > 0.5 else "compute-bound" if high < 0.5
+               else "undecided")
+    return statistics.median(shares), (low, high), verdict
 
 
 def _check_scaling(scaling: str) -> None:

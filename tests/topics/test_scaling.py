@@ -1,13 +1,18 @@
 """course_lib.topics.scaling: speedup and efficiency, Amdahl's law and its fit, the step-time model,
-batch plans, and timing real steps on 1 and 2 ranks."""
+batch plans, spreads and the median's interval, the communication share's verdict, the published
+sweeps, and timing real steps on 1 and 2 ranks (twins, pairs, with and without the all-reduce)."""
 import math
 
+import numpy as np
 import pytest
 
-from course_lib.topics.cost_model import ring_all_reduce_time
-from course_lib.topics.scaling import (accumulation_plan, all_reduce_seconds, amdahl_speedup, efficiency,
-                                fit_amdahl, measure_scaling, measure_step_seconds,
-                                median_of_runs, predict_step_seconds, speedup)
+from course_lib.topics.cost_model import (PUBLISHED_ALL_REDUCE, bus_bandwidth, fit_alpha_beta,
+                                          published_seconds, ring_all_reduce_time)
+from course_lib.topics.scaling import (accumulation_plan, all_reduce_seconds, amdahl_speedup,
+                                       communication_share, efficiency, fit_amdahl,
+                                       measure_scaling, measure_speedup_pairs, measure_step_seconds,
+                                       measure_sync_cost, median_interval, median_of_runs,
+                                       paired_ratios, predict_step_seconds, speedup, spread)
 from course_lib.topics.timing import Timing
 
 
@@ -122,3 +127,63 @@ def test_measure_scaling_gives_one_median_per_run_and_world_size():
     assert median_of_runs({1: [3.0, 1.0, 2.0]}) == {1: 2.0}
     with pytest.raises(ValueError, match="divisible by every world size"):
         measure_scaling([1, 3], batch_size=32, steps=1)
+
+
+def test_spread_and_paired_ratios():
+    assert spread([4.0, 1.0, 3.0, 2.0, 5.0], (0, 100)) == (3.0, 1.0, 5.0)
+    assert spread(list(range(11))) == pytest.approx((5.0, 1.0, 9.0))  # numpy's linear percentiles
+    runs = {1: [0.8, 1.0], 2: [0.5, 0.4]}
+    assert paired_ratios(runs, 2) == pytest.approx([1.6, 2.5])  # run i against run i
+    assert paired_ratios(runs, 2, "weak") == pytest.approx([3.2, 5.0])
+
+
+def test_median_interval_is_the_sign_test_interval_and_covers_the_median():
+    assert median_interval(range(1, 17)) == (5.0, 12.0)  # P(Bin(16, 1/2) <= 4) = 0.038 <= 0.05
+    assert median_interval(range(1, 6)) == (1.0, 5.0)
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0, 6.0, 7.0], 0.5) == (3.0, 5.0)
+    generator = np.random.default_rng(0)
+    covered = [low <= 1.0 <= high for low, high in
+               (median_interval(generator.lognormal(0, 1, 16)) for _ in range(2000))]
+    assert 0.88 <= np.mean(covered) <= 0.96  # 92.3% for 16 values, whatever the distribution
+    with pytest.raises(ValueError, match="too few"):
+        median_interval([1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("shares, verdict", [
+    ([0.6, 0.7, 0.8, 0.75, 0.65, 0.9], "communication-bound"),
+    ([0.1, 0.2, 0.15, 0.3, 0.05, 0.25], "compute-bound"),
+    ([0.6, 0.7, 0.8, 0.75, 0.65, 0.45], "undecided"),  # one pair below one half: not sure
+])
+def test_communication_share_decides_only_when_the_interval_is_on_one_side(shares, verdict):
+    without = [1e-3 * (k + 1) for k in range(len(shares))]  # the load changes from pair to pair
+    with_sync = [alone / (1 - share) for alone, share in zip(without, shares)]
+    share, (low, high), got = communication_share(with_sync, without)
+    assert share == pytest.approx(np.median(shares))
+    assert (low, high) == pytest.approx(median_interval(shares))  # 6 pairs: the min and the max
+    assert got == verdict
+
+
+def test_the_published_sweeps_fit_the_ring_model_within_a_factor_of_two():
+    for cluster, sweep in PUBLISHED_ALL_REDUCE.items():
+        sizes, seconds = published_seconds(cluster)
+        assert bus_bandwidth(sizes[-1], seconds[-1], sweep["world_size"]) == pytest.approx(
+            sweep["points"][-1][1] * 1e9)  # nccl-tests' bus bandwidth, read back
+        alpha, beta = fit_alpha_beta(sizes, seconds, world_size=sweep["world_size"])
+        assert 0 < alpha < 1e-4 and 1e11 < 1 / beta < 1e12  # microseconds; hundreds of GB/s
+        for nbytes, published in zip(sizes, seconds):
+            modelled = ring_all_reduce_time(nbytes, sweep["world_size"], alpha, beta)
+            assert 0.45 < modelled / published < 2.2
+
+
+@pytest.mark.filterwarnings(r"ignore:\d+ ranks on \d+ CPU cores:RuntimeWarning")
+def test_twins_train_alone_and_pairs_and_sync_costs_come_back_per_pair():
+    twins = measure_step_seconds(1, batch_size=16, steps=3, warmup=1, backend="gloo", timeout=60,
+                                 twins=2)
+    assert twins.world_size == 2 and not twins.ddp and twins.buckets is None  # no DDP, no all-reduce
+    pairs = measure_speedup_pairs(2, 32, "weak", pairs=4, backend="gloo", timeout=60)
+    assert len(pairs.one_rank) == len(pairs.ranks) == 4 and pairs.scaling == "weak"
+    assert pairs.speedups() == pytest.approx([2 * a / b for a, b in zip(pairs.one_rank, pairs.ranks)])
+    cost = measure_sync_cost(2, 16, pairs=6, backend="gloo", timeout=60)
+    assert len(cost.with_sync) == len(cost.without_sync) == 6
+    # the course model's step is mostly its all-reduce's latency: with it, a step takes longer
+    assert np.median(cost.with_sync) > np.median(cost.without_sync)

@@ -8,7 +8,7 @@ import numpy as np
 
 from course_lib.checks import lesson09
 from course_lib.runtime.shared.env import cpu_cores
-from course_lib.topics.cost_model import naive_all_reduce_time, ring_all_reduce_time
+from course_lib.topics.scaling import median_interval
 from test_measured_graders import measured_answer, strong_runs
 
 from . import answer, wrong_answer
@@ -35,17 +35,31 @@ def scaling_report_from_throughputs():
     return runs, report, sorted(trusted, key=trusted.get)[-1]
 
 
-def all_reduce_seconds_from_the_cost_model(n_parameters, world_size, alpha, beta,
-                                           bytes_per_parameter=4):
-    from course_lib.topics.cost_model import ring_all_reduce_time
+def diagnose_with_its_own_interval(with_sync, without_sync):
+    shares = sorted((synced - alone) / synced for synced, alone in zip(with_sync, without_sync))
+    n, k, below = len(shares), 0, 0.0
+    while below + math.comb(n, k) / 2 ** n <= 0.05:  # the sign test's interval, by hand
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    low, high = shares[k - 1], shares[n - k]
+    if low > 0.5:
+        verdict = "communication-bound"
+    elif high < 0.5:
+        verdict = "compute-bound"
+    else:
+        verdict = "undecided"
+    return statistics.median(shares), [low, high], verdict
 
-    return ring_all_reduce_time(n_parameters * bytes_per_parameter, world_size, alpha, beta)
 
+def diagnose_with_arrays(with_sync, without_sync):
+    from course_lib.topics.scaling import median_interval
 
-def all_reduce_seconds_per_step(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    steps = 2 * (world_size - 1)
-    chunk_bytes = n_parameters * bytes_per_parameter / world_size
-    return np.float64(steps * (alpha + chunk_bytes * beta))
+    synced, alone = np.asarray(with_sync), np.asarray(without_sync)
+    shares = 1 - alone / synced  # numpy floats, a numpy array of the two ends
+    interval = np.array(median_interval(shares))
+    verdicts = {(True, False): "communication-bound", (False, True): "compute-bound"}
+    return np.median(shares), interval, verdicts.get((interval[0] > 0.5, interval[1] < 0.5),
+                                                     "undecided")
 
 
 def plan_by_decreasing_batch(global_batch_size, max_batch_size, world_size):
@@ -71,9 +85,9 @@ ALTERNATIVES = {
         measured_answer("numpy medians and bools, lists", scaling_report_with_numpy),
         measured_answer("from throughputs, the best by sorting", scaling_report_from_throughputs),
     ],
-    lesson09.check_all_reduce_seconds: [
-        answer("the course's cost model", all_reduce_seconds_from_the_cost_model),
-        answer("per ring step, a numpy float", all_reduce_seconds_per_step),
+    lesson09.check_communication_share: [
+        answer("the sign test's interval by hand, a list", diagnose_with_its_own_interval),
+        answer("numpy arrays and the course's median_interval", diagnose_with_arrays),
     ],
     lesson09.check_accumulation_plan: [
         answer("decreasing batch sizes, a list", plan_by_decreasing_batch),
@@ -118,24 +132,65 @@ def speedup_upside_down():
     return with_report(lambda n, speedup, efficiency, flag: (1 / speedup, 1 / speedup / n, flag))
 
 
-def parameters_as_bytes(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    return ring_all_reduce_time(n_parameters, world_size, alpha, beta)
+def _verdict(low, high):
+    return ("communication-bound" if low > 0.5 else "compute-bound" if high < 0.5
+            else "undecided")
 
 
-def through_rank_zero(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    return naive_all_reduce_time(n_parameters * bytes_per_parameter, world_size, alpha, beta)
+def _shares(with_sync, without_sync):
+    return [(synced - alone) / synced for synced, alone in zip(with_sync, without_sync)]
 
 
-def reduce_scatter_half_only(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    nbytes = n_parameters * bytes_per_parameter
-    return (world_size - 1) * alpha + (world_size - 1) / world_size * nbytes * beta
+def share_of_the_compute(with_sync, without_sync):
+    shares = [(synced - alone) / alone for synced, alone in zip(with_sync, without_sync)]
+    low, high = median_interval(shares)
+    return float(np.median(shares)), (low, high), _verdict(low, high)
 
 
-def always_fp32(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
-    return ring_all_reduce_time(n_parameters * 4, world_size, alpha, beta)
+def unpaired_medians(with_sync, without_sync):
+    share = 1 - np.median(without_sync) / np.median(with_sync)
+    slow_with, fast_with = median_interval(with_sync)
+    slow_without, fast_without = median_interval(without_sync)
+    low, high = 1 - fast_without / slow_with, 1 - slow_without / fast_with
+    return share, (low, high), _verdict(low, high)
 
 
-def all_reduce_stub(n_parameters, world_size, alpha, beta, bytes_per_parameter=4):
+def verdict_from_the_median(with_sync, without_sync):
+    shares = _shares(with_sync, without_sync)
+    share = float(np.median(shares))
+    return share, median_interval(shares), "communication-bound" if share > 0.5 else "compute-bound"
+
+
+def min_and_max(with_sync, without_sync):
+    shares = _shares(with_sync, without_sync)
+    return float(np.median(shares)), (min(shares), max(shares)), _verdict(min(shares), max(shares))
+
+
+def spread_of_single_pairs(with_sync, without_sync):
+    shares = _shares(with_sync, without_sync)
+    low, high = np.percentile(shares, [10, 90])
+    return float(np.median(shares)), (low, high), _verdict(low, high)
+
+
+def mean_share(with_sync, without_sync):
+    shares = _shares(with_sync, without_sync)
+    low, high = median_interval(shares)
+    return float(np.mean(shares)), (low, high), _verdict(low, high)
+
+
+def share_of_time_computing(with_sync, without_sync):
+    shares = [alone / synced for synced, alone in zip(with_sync, without_sync)]
+    low, high = median_interval(shares)
+    return float(np.median(shares)), (low, high), _verdict(low, high)
+
+
+def the_librarys_diagnosis(with_sync, without_sync):
+    from course_lib.topics.scaling import communication_share
+
+    return communication_share(with_sync, without_sync)
+
+
+def diagnose_stub(with_sync, without_sync):
     raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
@@ -183,13 +238,19 @@ WRONG_ANSWERS = {
                      *reference_report({n: [t * 1e3 for t in runs]
                                         for n, runs in RECORDED_RUNS.items()}), cores=2),
     ],
-    lesson09.check_all_reduce_seconds: [
-        wrong_answer("counts parameters as bytes", parameters_as_bytes),
-        wrong_answer("all through rank 0 (naive all-reduce)", through_rank_zero),
-        wrong_answer("counts only the reduce-scatter half of the ring",
-                     reduce_scatter_half_only),
-        wrong_answer("assumes fp32 gradients whatever bytes_per_parameter says", always_fp32),
-        wrong_answer("the unfinished stub", all_reduce_stub),
+    lesson09.check_communication_share: [
+        wrong_answer("the communication as a share of the compute, not of the step",
+                     share_of_the_compute),
+        wrong_answer("unpaired: the two lists' medians and percentiles taken apart",
+                     unpaired_medians),
+        wrong_answer("a verdict from the median alone, never undecided", verdict_from_the_median),
+        wrong_answer("the minimum and maximum for the interval", min_and_max),
+        wrong_answer("the 10th-90th percentiles of single pairs for the median's interval",
+                     spread_of_single_pairs),
+        wrong_answer("the mean share, where the check asks for the median", mean_share),
+        wrong_answer("the share of the step spent computing", share_of_time_computing),
+        wrong_answer("calls the library's communication_share", the_librarys_diagnosis),
+        wrong_answer("the unfinished stub", diagnose_stub),
     ],
     lesson09.check_accumulation_plan: [
         wrong_answer("takes the largest micro-batch and rounds the steps up",
