@@ -100,6 +100,12 @@ class DataWait(dict):
     def recorded_here(self) -> bool:
         return sealed_here(self, self.facts())
 
+    def wait_quantiles(self, quantiles=(0.1, 0.5, 0.9)) -> tuple:
+        """The seconds one step waited for its batch, at each of `quantiles` over the measured
+        steps (nearest rank): by default p10, the median and p90, the spread beside the sum."""
+        waits = sorted(loaded - started for started, loaded, _ in self.steps)
+        return tuple(waits[round(q * (len(waits) - 1))] for q in quantiles)
+
 
 def measure_data_wait(loader, step, steps: int = 20, warmup: int = 10) -> DataWait:
     """Run `step(batch)` over `warmup + steps` batches of `loader`; returns the seconds of the

@@ -76,6 +76,17 @@ def test_data_wait_share_of_phase_times():
     assert data_wait_share({"compute": 3.0, "data": 1.0}) == 0.25
 
 
+def test_wait_quantiles_are_the_steps_waits_at_nearest_rank():
+    class Loader(list):
+        num_workers = 0
+
+    waits = iter([0.03, 0.0, 0.01, 0.02, 0.04])
+    slept = measure_data_wait(Loader([(torch.zeros(1),)] * 5), lambda batch: None, steps=5, warmup=0)
+    slept.steps = [(0.0, wait, wait) for wait in waits]  # the recorded waits, made exact
+    assert slept.wait_quantiles() == (0.0, 0.02, 0.04)
+    assert slept.wait_quantiles((0.25, 0.75)) == (0.01, 0.03)
+
+
 def test_workers_hide_the_reads(features_path):
     # Generous margins: the reads are sleeps, so even 2 busy cores keep the order.
     dataset = SlowDataset(read_seconds=0.001, features_path=features_path)

@@ -8,6 +8,8 @@ needs, and a loader that hides the wait of a deliberately slow dataset.
   machine only wakes sleepers later, so a correct measurement is never too slow. Then the share
   (data over all phases, within 1e-6) and the workers, 1.5 x data / compute rounded up (any
   integer type), judged against that record.
+- evaluate on every rank: evaluation.py (the whole dataset's loss and accuracy, each sample once,
+  from ranks whose DistributedSampler pads).
 - a loader that hides the data wait, on each of 2 ranks: a DataLoader over the lesson's
   SlowDataset (or a Subset of it), read_seconds untouched, the precomputed neighbour features, at
   least 3 workers; the batches it deals and delivers hold 32 samples, however it was built
@@ -26,6 +28,7 @@ from ..engine import expect, expect_close, expect_whole_number, grader
 from ..engine.measured import expect_recorded, unit_slip
 from ..engine.ranks import run_on_ranks
 from ...topics.input_pipeline import READ_SECONDS, DataWait, SlowDataset
+from .evaluation import check_distributed_evaluation  # noqa: F401 (the third exercise's grader)
 from .loader_probe import (MAX_SHARE, MEASURED_STEPS, STEP_SECONDS, data_share, features_error,
                            loader_on_rank)
 

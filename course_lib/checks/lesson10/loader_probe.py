@@ -23,17 +23,23 @@ def loader_on_rank(fast_loader, expect_configuration):
 
     The best of up to MEASUREMENTS: a busy machine only ever adds waiting, and a loader with too
     few workers waits in every measurement, however quiet the machine. `expect_configuration`
-    is the grader's rule for the facts: a loader it rejects is not measured."""
+    is the grader's rule for the facts: a loader it rejects is not measured, nor one whose ranks'
+    shares of an epoch are not shuffled, disjoint and whole (the orders are gathered from every
+    rank first, by every rank, so no rank waits in a collective that another skips)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. "more workers than cores": nothing but the verdict
         loader = fast_loader()
         try:
             facts = loader_facts(loader)
+            orders = [None] * dist.get_world_size()
+            dist.all_gather_object(orders, facts.get("order"))
             try:  # only to spare measuring a loader the grader will reject: it judges again
                 expect_configuration({**facts, "features_error": features_error(facts)},
                                      dist.get_rank())
             except GradingError:
                 return facts  # the grader says what is wrong; nothing worth measuring
+            if not shares_of_one_epoch(orders):
+                return facts  # the same: the grader says how the shares are wrong
             for _ in range(MEASUREMENTS):
                 times = measure_data_wait(loader, device_step(STEP_SECONDS), steps=MEASURED_STEPS,
                                           warmup=WARMUP_STEPS)
@@ -45,6 +51,14 @@ def loader_on_rank(fast_loader, expect_configuration):
             if isinstance(loader, DataLoader):
                 shutdown_workers(loader)
     return facts
+
+
+def shares_of_one_epoch(orders) -> bool:
+    """Whether the ranks' orders are each shuffled and together every sample once."""
+    if any(order is None or order == sorted(order) for order in orders):
+        return False
+    everything = sorted(index for order in orders for index in order)
+    return everything == list(range(len(everything))) and len(everything) == len(SlowDataset())
 
 
 def loader_facts(loader) -> dict:

@@ -1,5 +1,6 @@
 """Lesson 10's graders against answers: correct ones written differently from the solution
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
+import math
 import os
 import tempfile
 from fractions import Fraction
@@ -233,3 +234,162 @@ WRONG_ANSWERS = {
         wrong_answer("a DistributedSampler fixed to rank 0's share", rank_zero_share_everywhere),
     ],
 }
+
+
+# -- evaluate on every rank (checks/lesson10/evaluation.py) --------------------------------------
+
+def _sums_and_counts(model, dataset, indices):
+    """(loss sum, correct, count) of `indices`, in float64, for the answers below."""
+    import torch.nn.functional as F
+
+    X, y = dataset.tensors
+    index = torch.as_tensor(list(indices), dtype=torch.long)
+    with torch.no_grad():
+        logits = model(X[index])
+    return torch.tensor([F.cross_entropy(logits, y[index], reduction="sum").item(),
+                         (logits.argmax(1) == y[index]).sum().item(), len(index)],
+                        dtype=torch.float64)
+
+
+def _sums_and_counts_ratio(totals):
+    """(mean loss, accuracy) from reduced (loss sum, correct, count)."""
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+
+def evaluate_by_gathering_objects(model, dataset):
+    """A strided share, then every rank's per-sample results gathered (all_gather_object)."""
+    import torch.nn.functional as F
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, y = dataset.tensors
+    with torch.no_grad():
+        logits = model(X[rank::world])
+    mine = list(zip(F.cross_entropy(logits, y[rank::world], reduction="none").tolist(),
+                    (logits.argmax(1) == y[rank::world]).tolist()))
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    results = [pair for part in everyone for pair in part]
+    return (sum(loss for loss, _ in results) / len(results),
+            sum(right for _, right in results) / len(results))
+
+
+def evaluate_by_uneven_gather(model, dataset):
+    """A contiguous share in batches of 8; sizes gathered first, then padded tensors, trimmed."""
+    import torch.nn.functional as F
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bounds = [len(dataset) * r // world for r in range(world + 1)]
+    X, y = dataset.tensors
+    losses, right = [], []
+    with torch.no_grad():
+        for start in range(bounds[rank], bounds[rank + 1], 8):
+            end = min(start + 8, bounds[rank + 1])
+            logits = model(X[start:end])
+            losses.append(F.cross_entropy(logits, y[start:end], reduction="none"))
+            right.append((logits.argmax(1) == y[start:end]).float())
+    mine = torch.stack([torch.cat(losses), torch.cat(right)])
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.shape[1]]))
+    longest = max(int(size) for size in sizes)
+    padded = [torch.zeros(2, longest) for _ in range(world)]
+    dist.all_gather(padded, F.pad(mine, (0, longest - mine.shape[1])))
+    every = torch.cat([part[:, :int(size)] for part, size in zip(padded, sizes)], dim=1)
+    return every[0].mean().item(), every[1].mean().item()
+
+
+def evaluate_mean_of_means(model, dataset):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loss_sum, correct, count = _sums_and_counts(model, dataset, range(rank, len(dataset), world))
+    means = torch.stack([loss_sum / count, correct / count])
+    dist.all_reduce(means)
+    return (means / world).tolist()
+
+
+def evaluate_counting_the_padding(model, dataset):
+    totals = _sums_and_counts(model, dataset, DistributedSampler(dataset, shuffle=False))
+    dist.all_reduce(totals)
+    return _sums_and_counts_ratio(totals)
+
+
+def evaluate_with_drop_last(model, dataset):
+    totals = _sums_and_counts(model, dataset, DistributedSampler(dataset, drop_last=True))
+    dist.all_reduce(totals)
+    return _sums_and_counts_ratio(totals)
+
+
+def evaluate_rank_zero_share(model, dataset):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    totals = _sums_and_counts(model, dataset, range(rank, len(dataset), world))
+    dist.broadcast(totals, src=0)  # rank 0's numbers, for everyone
+    return _sums_and_counts_ratio(totals)
+
+
+def evaluate_uneven_gather_untrimmed(model, dataset):
+    """Sizes gathered and the tensors padded to the longest, but the padding never cut off."""
+    import torch.nn.functional as F
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, y = dataset.tensors
+    with torch.no_grad():
+        logits = model(X[rank::world])
+    mine = torch.stack([F.cross_entropy(logits, y[rank::world], reduction="none"),
+                        (logits.argmax(1) == y[rank::world]).float()])
+    longest = math.ceil(len(dataset) / world)
+    padded = [torch.zeros(2, longest) for _ in range(world)]
+    dist.all_gather(padded, F.pad(mine, (0, longest - mine.shape[1])))
+    every = torch.cat(padded, dim=1)
+    return every[0].mean().item(), every[1].mean().item()
+
+
+def evaluate_gathering_unequal_sizes(model, dataset):
+    """all_gather into a list sized like this rank's own tensor: gloo refuses unequal sizes."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = _sums_and_counts(model, dataset, range(rank, len(dataset), world))
+    X, y = dataset.tensors
+    with torch.no_grad():
+        right = (model(X[rank::world]).argmax(1) == y[rank::world]).float()
+    parts = [torch.zeros_like(right) for _ in range(world)]
+    dist.all_gather(parts, right)
+    dist.all_reduce(mine)
+    return (mine[0] / mine[2]).item(), torch.cat(parts).mean().item()
+
+
+def evaluate_whole_dataset_everywhere(model, dataset):
+    return _sums_and_counts_ratio(_sums_and_counts(model, dataset, range(len(dataset))))
+
+
+
+def evaluate_hard_coded_two_ranks(model, dataset):
+    rank = dist.get_rank()
+    indices = list(DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False))
+    totals = _sums_and_counts(model, dataset, indices[:len(range(rank, len(dataset), 2))])
+    dist.all_reduce(totals)
+    return _sums_and_counts_ratio(totals)
+
+
+def evaluate_float_world_size(model, dataset):
+    """A share of len / world_size samples (a float), its end rounded down on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    per_rank = len(dataset) / world
+    totals = _sums_and_counts(model, dataset, range(int(rank * per_rank),
+                                                    int(rank * per_rank) + int(per_rank)))
+    dist.all_reduce(totals)
+    return _sums_and_counts_ratio(totals)
+
+
+ALTERNATIVES[lesson10.check_distributed_evaluation] = [
+    answer("all_gather_object of every rank's per-sample results", evaluate_by_gathering_objects),
+    answer("contiguous shares in batches, sizes gathered first, padded, trimmed",
+           evaluate_by_uneven_gather),
+]
+WRONG_ANSWERS[lesson10.check_distributed_evaluation] = [
+    wrong_answer("the mean of the ranks' means", evaluate_mean_of_means),
+    wrong_answer("DistributedSampler's padding counted", evaluate_counting_the_padding),
+    wrong_answer("DistributedSampler(drop_last=True)", evaluate_with_drop_last),
+    wrong_answer("rank 0's share broadcast to all", evaluate_rank_zero_share),
+    wrong_answer("padded gather, padding never trimmed", evaluate_uneven_gather_untrimmed),
+    wrong_answer("all_gather of unequal sizes", evaluate_gathering_unequal_sizes),
+    wrong_answer("the whole dataset on every rank", evaluate_whole_dataset_everywhere),
+    wrong_answer("num_replicas hard-coded to 2", evaluate_hard_coded_two_ranks),
+    wrong_answer("a float share len / world_size, rounded down", evaluate_float_world_size),
+]
