@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd import Variable
 
 from course_lib import launch
 from course_lib.topics.from_scratch import DDPFromScratch, FSDPFromScratch, ShardedOptimizer
@@ -108,9 +109,30 @@ def ddp_runs():
         events = train(ddp, torch.optim.SGD(model.parameters(), lr=0.1))
         results[name] = weights(model)
         results[name + " events"] = events
+    for name, overlap in (("during backward", True), ("after backward", False)):
+        model = TiedNet(seed=rank)
+        results[name] = launches_against_compute(DDPFromScratch(model, BUCKET_CAP_MB, overlap=overlap),
+                                                 torch.optim.SGD(model.parameters(), lr=0.1))
+        results[name + " weights"] = weights(model)
     results["one process"] = one_process(dist.get_world_size(), torch.optim.SGD, lr=0.1)
     results["timeline"] = recorded_timeline()
     return results
+
+
+def launches_against_compute(ddp, optimizer):
+    """Per step: (when backward's compute ended, when each all-reduce was launched)."""
+    per_step = []
+    for step in range(STEPS):
+        X, y = local_batch(step)
+        loss, computed = F.mse_loss(ddp(X), y), []
+        # the loss's hook runs first in backward; the callback it queues runs before the wrapper's
+        loss.register_hook(lambda grad: Variable._execution_engine.queue_callback(
+            lambda: computed.append(time.perf_counter())))
+        loss.backward()
+        per_step.append((computed[0], [event.started for event in ddp.events]))
+        optimizer.step()
+        optimizer.zero_grad()
+    return per_step
 
 
 def recorded_timeline():
@@ -316,6 +338,17 @@ def test_ddp_buckets_follow_the_cap_and_reverse_order(world):
             check_each_gradient_reduced_once(step_events)
             check_buckets(step_events, BUCKET_CAP_MB * 2**20)
             assert len(step_events) >= 3
+
+
+def test_ddp_with_overlap_off_launches_every_bucket_after_backwards_compute(world):
+    world_size, runs = world
+    for rank, result in enumerate(runs["ddp"]):
+        assert_same_weights(result["after backward weights"], result["torch"], world_size == 2, f"rank {rank}")
+        for (computed, launched), (computed_on, launched_on) in zip(result["after backward"],
+                                                                     result["during backward"]):
+            assert len(launched) == len(launched_on) >= 3
+            assert min(launched) >= computed, "overlap=False launched a bucket while backward computed"
+            assert min(launched_on) < computed_on, "overlap=True launched no bucket while backward computed"
 
 
 def test_the_course_timeline_draws_the_from_scratch_all_reduces_under_backward(world):

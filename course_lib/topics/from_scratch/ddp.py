@@ -37,18 +37,22 @@ class DDPFromScratch(nn.Module):
     broadcast_buffers: also broadcast rank 0's buffers before every forward, as torch's DDP does.
     record_events: keep `events` (each all-reduce's launch, and its completion from a callback that
     gloo's thread runs); False saves that Python work (benchmarks/from_scratch_ddp.py).
+    overlap: False holds every launch back until backward's compute is over (lesson 04's DDP, with
+    the same buckets): lesson 15 measures what the overlap saves against it.
     backward() waits for the all-reduces at its end (a callback it runs); finish_gradient_sync()
     is that wait, and a no-op when called again.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: Optional[float] = None,
-                 broadcast_buffers: bool = True, record_events: bool = True, process_group=None):
+                 broadcast_buffers: bool = True, record_events: bool = True, process_group=None,
+                 overlap: bool = True):
         super().__init__()
         self.module = module
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.source = dist.get_global_rank(process_group, 0) if process_group is not None else 0
         self.broadcast_buffers, self.record_events = broadcast_buffers, record_events
+        self.overlap, self.deferred = overlap, []
         self.sync_gradients, self.finish_queued = True, False
         self.events = []
         self._broadcast(list(module.parameters()) + list(module.buffers()))
@@ -87,6 +91,12 @@ class DDPFromScratch(nn.Module):
         if not self.finish_queued:  # the first gradient of this backward: wait at its end
             self.finish_queued = True
             Variable._execution_engine.queue_callback(self._end_of_backward)
+        if not self.overlap:
+            self.deferred.append(parameter)  # launched by _end_of_backward
+            return
+        self._launch(parameter)
+
+    def _launch(self, parameter: nn.Parameter) -> None:
         if not self.buckets:
             work = dist.all_reduce(parameter.grad, group=self.process_group, async_op=True)
             if self.record_events:
@@ -102,6 +112,9 @@ class DDPFromScratch(nn.Module):
 
     def _end_of_backward(self) -> None:
         self.finish_queued = False
+        deferred, self.deferred = self.deferred, []
+        for parameter in deferred:
+            self._launch(parameter)
         self._wait_and_average()
 
     def finish_gradient_sync(self) -> None:
