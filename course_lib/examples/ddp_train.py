@@ -4,24 +4,23 @@
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each process; main()
 joins the process group (NCCL when every local rank has a GPU, gloo otherwise), calls
-train_ddp(), and rank 0 reports the losses averaged over the ranks. The shutdown order lets
-destroy_process_group() end the backend's threads before Python exits (lesson 04, section 6).
+train_ddp(), and rank 0 reports the losses averaged over the ranks; end_process_group() ends the
+backend's threads before Python exits (course_lib/runtime/rank/script_end.py says why).
 """
 import argparse
-import gc
 import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  now: imported after init (DDP does it), it pins the group
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_lib.training.data import make_dataset
+from course_lib.runtime.rank.script_end import end_process_group  # before init_process_group()
 from course_lib.runtime.shared.env import choose_backend, device_for_rank
+from course_lib.training.data import make_dataset
 from course_lib.training.models import make_model
 
 
@@ -84,8 +83,7 @@ def main(argv=None) -> int:
                 with open(args.losses_json, "w") as file:
                     json.dump(mean_losses, file)
     finally:
-        gc.collect()  # free the DDP wrapper (a reference cycle) so the group and its threads end here
-        dist.destroy_process_group()
+        end_process_group()
     return 0
 
 

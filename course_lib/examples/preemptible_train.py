@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 # torch.distributed.nn keeps the default group as a default argument; DDP's constructor imports it.
 # Imported before the group exists it holds none, so destroy_process_group() ends gloo's threads
-# and none is left to abort the exit (lesson 04, 'Shutting down cleanly').
+# and none is left to abort the exit (course_lib/runtime/rank/script_end.py says why).
 import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP

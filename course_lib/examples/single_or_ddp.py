@@ -7,21 +7,17 @@ The lines that differ all test `distributed` (lesson 04, section 6). With a glob
 both runs train the same model, step for step, as lesson 04's notebook shows.
 """
 import argparse
-import gc
 import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
-# torch.distributed.nn keeps the default group as a default argument; DDP's constructor imports it.
-# Imported before the group exists it holds none, so destroy_process_group() ends gloo's threads
-# and none is left to abort the exit (lesson 04, 'Shutting down cleanly').
-import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+from course_lib.runtime.rank.script_end import end_process_group  # before init_process_group()
 from course_lib.training.data import make_dataset
 from course_lib.training.models import make_model
 
@@ -96,8 +92,7 @@ def main(argv=None) -> int:
                     json.dump(losses, file)
     finally:
         if distributed:
-            gc.collect()  # free the DDP model (a reference cycle) before its process group
-            dist.destroy_process_group()
+            end_process_group()  # gloo's threads end before Python exits (see its module)
     return 0
 
 

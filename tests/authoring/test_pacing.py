@@ -49,6 +49,24 @@ def test_a_first_cell_that_says_otherwise_is_seen():
     assert stated(restate(first_cell(path), lesson)) != stated(first_cell(path))
 
 
+def test_an_optional_section_is_outside_the_timed_path(tmp_path):
+    def lesson_with(heading):
+        path = tmp_path / "99_lesson.ipynb"
+        nbformat.write(nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_markdown_cell("# 99 lesson"),
+            nbformat.v4.new_markdown_cell("## 1 timed\n\n" + "word " * 900),
+            nbformat.v4.new_markdown_cell(heading + "\n\n" + "word " * 1800),
+            nbformat.v4.new_code_cell("x = 1\n" * 20),
+            nbformat.v4.new_markdown_cell("## Summary\n\n" + "word " * 180)]), path)
+        return pace(path)
+
+    timed = lesson_with("## 2 More practice (optional)")
+    assert (timed.prose_words, timed.code_lines, timed.code_cells) == (2 + 902 + 181, 0, 0)
+    counted = lesson_with("## 2 More practice")  # the same section, not marked: all of it counts
+    assert (counted.prose_words, counted.code_lines, counted.code_cells) == (
+        2 + 902 + 1803 + 181, 20, 1)
+
+
 def test_the_readme_total_is_the_models():
     plan = (ROOT / "README.md").read_text().split("## Plan your time", 1)[1].split("\n## ", 1)[0]
     hours = int(re.search(r"In all, about (\d+) hours", plan).group(1))

@@ -1,5 +1,5 @@
 """course_lib.examples.single_or_ddp: one script, one process without torchrun, DDP under it,
-and the same losses both ways (lesson 04, section 7)."""
+and the same losses both ways (lesson 04, section 6)."""
 import json
 import os
 import subprocess
