@@ -136,6 +136,39 @@ def save_checkpoint(model: torch.nn.Module, path: str) -> None:
     dist.barrier()
 
 
+
+# -- replicas that drift apart, values that are not finite -----------------------------------------
+
+def replica_health_check_local(model: torch.nn.Module, loss: torch.Tensor) -> str:
+    """Each rank looks at its own numbers only: it cannot see a replica drift, and a NaN stops
+    the rank that has it while the others wait for it in their next collective."""
+    values = torch.cat([parameter.detach().flatten() for parameter in model.parameters()])
+    if not (torch.isfinite(values).all() and torch.isfinite(loss.detach())):
+        raise FloatingPointError("loss or weights not finite")
+    return "ok"
+
+
+def fingerprint(model: torch.nn.Module) -> torch.Tensor:
+    """One float64 number for the parameters: each value weighted by its position, so a sign flip,
+    two values swapped, or any small change moves it (a plain sum misses the swap)."""
+    values = torch.cat([parameter.detach().flatten() for parameter in model.parameters()]).double()
+    positions = torch.arange(1, len(values) + 1, dtype=torch.float64, device=values.device)
+    return (values * (1 + positions / len(values))).sum()
+
+
+def replica_health_check(model: torch.nn.Module, loss: torch.Tensor) -> str:
+    """"ok", "diverged" or "non-finite", the same on every rank, from one all-reduce (MAX) of
+    [fingerprint, -fingerprint, not-finite flag]: the largest and the smallest fingerprint, and
+    whether any rank saw a NaN or an infinity. Every rank then stops, or goes on, together."""
+    values = torch.cat([parameter.detach().flatten() for parameter in model.parameters()])
+    not_finite = ~(torch.isfinite(values).all() & torch.isfinite(loss.detach()))
+    mine = fingerprint(model)
+    summary = torch.stack([mine, -mine, not_finite.double()])
+    dist.all_reduce(summary, op=dist.ReduceOp.MAX)
+    if summary[2] > 0:
+        return "non-finite"
+    return "ok" if summary[0] == -summary[1] else "diverged"
+
 @contextlib.contextmanager
 def slow_disk(seconds: float = 1.0, rank: int = 0, pieces: int = 2):
     """In a rank: while inside, `torch.save` on `rank` writes as a busy shared file system does:
