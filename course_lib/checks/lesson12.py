@@ -1,8 +1,15 @@
-"""Graders for lesson 12 (multi-node): global ranks from a node layout, the ranks that share a
-rank's node (run on ranks), and an all-reduce health check measured on this machine.
+"""Graders for lesson 12 (multi-node): each process's global rank from what its node tells it and
+the ranks that share a rank's node (both run on ranks), and an all-reduce health check measured
+on this machine.
 
-- global rank: node_rank x nproc_per_node + local_rank.
-- ranks on my node: the learner's function runs on 3 to 5 gloo ranks laid out as uneven "nodes"
+- global rank: the learner's global_rank() runs on 3 and 4 gloo ranks laid out as the uneven
+  "nodes" RANK_LAYOUTS, each seeing the GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_WORLD_SIZE torchrun's
+  agent gives it, without RANK and WORLD_SIZE, and joined in an order drawn from grading_seed
+  (so the process group's own rank is not the answer); on every rank it returns (RANK,
+  WORLD_SIZE) as torchrun numbers them (_assign_worker_ranks in
+  torch/distributed/elastic/agent/server/api.py: the local world sizes of the nodes before, plus
+  LOCAL_RANK), whole numbers.
+- ranks on my node: the learner's function runs on 3 and 5 gloo ranks laid out as uneven "nodes"
   (each rank sees the GROUP_RANK, LOCAL_RANK and LOCAL_WORLD_SIZE torchrun would give it on such a
   layout); on every rank it returns the global ranks on that rank's node, in order (any sequence
   of whole numbers).
@@ -20,6 +27,7 @@ rank's node (run on ranks), and an all-reduce health check measured on this mach
   over loopback, bandwidth-bound at 4 MiB, which load slows far less than latency); a
   GB/s-for-bytes/s slip is 1e9 off. On GPUs (NCCL) the check cannot re-measure the same links on gloo: the rows are judged
   by their arithmetic and the function by its 3-rank run."""
+import numbers
 import os
 
 import torch
@@ -28,16 +36,21 @@ import torch.distributed as dist
 from .. import gpu_count
 from ..topics import cost_model
 from ..topics.cluster import rank_layout
-from .engine import GradingError, expect, expect_close, expect_equal, grader
+from .engine import (
+    GradingError,
+    expect,
+    expect_close,
+    expect_equal,
+    expect_whole_number,
+    grader,
+)
 from .engine.boundary import grading_seed
-from .engine.learner_call import call_learner
 from .engine.measured import expect_within_band, unit_slip
 from .engine.observations import as_plain
 from .engine.ranks import run_on_ranks
 
-# (nnodes, nproc_per_node): nnodes != nproc_per_node in most, so swapping the two shows.
-LAYOUTS = [(2, 4), (3, 2), (4, 8), (1, 3), (2, 1), (5, 3)]
-NODE_LAYOUTS = [[2, 1], [1, 3], [2, 2, 1]]  # uneven nodes: a guess from one node's count fails
+RANK_LAYOUTS = [[1, 2], [2, 1, 1]]  # uneven: neither one node's count nor a constant 2 fits all
+NODE_LAYOUTS = [[2, 1], [2, 2, 1]]  # uneven nodes: a guess from one node's count fails
 HEALTH_MIN_SIZES = 3
 HEALTH_LARGEST_AT_LEAST = 2**20
 HEALTH_GRADING_RANKS = 3                        # 2 (N - 1) / N = 4/3: a missing factor shows
@@ -45,11 +58,84 @@ HEALTH_GRADING_SIZES = [2**10, 2**16, 2**20, 2**22]  # fixed: the figures are me
 BAND = 10                                       # the learner's best within 10x of the check's
 
 
-def layouts(seed):
-    """LAYOUTS, then one (nnodes, nproc_per_node) drawn from `seed` (grading_seed)."""
+def rank_cases(seed):
+    """RANK_LAYOUTS, each with an order of arrival drawn from `seed` (grading_seed): process i of
+    the process group plays layout[order[i]], so the process group's rank is not the answer, and
+    the first to join is on a later node than 0."""
     generator = torch.Generator().manual_seed(seed)
-    nnodes, nproc_per_node = (int(n) for n in torch.randint(1, 9, (2,), generator=generator))
-    return LAYOUTS + [(nnodes, nproc_per_node)]
+    cases = []
+    for nproc_per_node in RANK_LAYOUTS:
+        n = sum(nproc_per_node)
+        order = [int(i) for i in torch.randperm(n, generator=generator)]
+        while order[0] < nproc_per_node[0]:  # the first to join is not on node 0: neither the
+            order = order[1:] + order[:1]     # group's ranks nor nodes in order of arrival fit
+        cases.append((nproc_per_node, order))
+    return cases
+
+
+def _placed_global_rank(global_rank, layout, order):
+    """Inside a rank: the variables torchrun's agent gives layout[order[rank]], without RANK and
+    WORLD_SIZE (what the learner computes); then the learner's global_rank()."""
+    place = layout[order[dist.get_rank()]]
+    for name in ("RANK", "WORLD_SIZE"):
+        os.environ.pop(name, None)
+    os.environ.update(GROUP_RANK=str(place.node_rank), LOCAL_RANK=str(place.local_rank),
+                      LOCAL_WORLD_SIZE=str(place.local_world_size),
+                      GROUP_WORLD_SIZE=str(layout[-1].node_rank + 1))
+    got = global_rank()
+    try:
+        rank, world_size = got
+    except (TypeError, ValueError):
+        return {"shown": repr(got)[:120], "rank": None, "world_size": None}
+    return {"shown": repr(got)[:120], "rank": _plain_number(rank),
+            "world_size": _plain_number(world_size)}
+
+
+def _plain_number(value):
+    """A whole number as an int, a float as a float (to be rejected with its type), else a repr."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        else repr(value)[:60]
+
+
+@grader("global rank")
+def check_global_rank(global_rank):
+    for nproc_per_node, order in rank_cases(grading_seed(0)):
+        layout = rank_layout(list(nproc_per_node))
+        got = run_on_ranks(_placed_global_rank, global_rank, layout, order, nprocs=len(layout),
+                           what=f"global_rank() on nodes {nproc_per_node}",
+                           hang_hint="every rank must call the same collectives: all of them "
+                                     "call all_gather_object (or all_gather) once")
+        for joined, answer in enumerate(got):
+            place = layout[order[joined]]
+            where = (f"global_rank() of the process with GROUP_RANK={place.node_rank}, "
+                     f"LOCAL_RANK={place.local_rank} on nodes {nproc_per_node}")
+            expect(answer["rank"] is not None, where, "(RANK, WORLD_SIZE), two whole numbers",
+                   answer["shown"])
+            for name, value, expected in (("RANK", answer["rank"], place.rank),
+                                          ("WORLD_SIZE", answer["world_size"], place.world_size)):
+                expect_whole_number(value, f"{where}: its {name}",
+                                    f"a {name} is a count of processes: return an int")
+                expect_equal(value, expected, f"{where}: its {name}",
+                             _rank_hint(name, value, place, nproc_per_node, joined))
+
+
+def _rank_hint(name, value, place, nproc_per_node, joined):
+    if value == joined:
+        return ("that is its rank in the process group, the order in which the processes joined "
+                "here, not torchrun's numbering: compute it from the nodes")
+    if name == "WORLD_SIZE":
+        return (f"the nodes hold {list(nproc_per_node)} processes: the world is all of them, and "
+                "one node's LOCAL_WORLD_SIZE times the number of nodes counts equal nodes only")
+    if value == place.node_rank * place.local_world_size + place.local_rank:
+        return ("nodes may hold different numbers of processes: the ranks before this node are "
+                "the sum of the earlier nodes' LOCAL_WORLD_SIZE, not GROUP_RANK x this node's")
+    return (f"torchrun numbers the nodes by GROUP_RANK and, on each node, its processes by "
+            f"LOCAL_RANK: here node {place.node_rank}'s first rank is "
+            f"{place.rank - place.local_rank}")
 
 
 def node_layouts(seed):
@@ -57,26 +143,6 @@ def node_layouts(seed):
     short one changes, so does every rank's answer; the world stays 3 to 5 ranks, what 2 cores run."""
     turn = seed % len(NODE_LAYOUTS[-1])
     return NODE_LAYOUTS[:-1] + [NODE_LAYOUTS[-1][turn:] + NODE_LAYOUTS[-1][:turn]]
-
-
-def _global_ranks(global_rank, cases):
-    """On the learner's side: global_rank's answer for each (node_rank, local_rank, nproc)."""
-    return [as_plain(global_rank(*case)) for case in cases]
-
-
-@grader("global rank")
-def check_global_rank(global_rank):
-    cases = [(node_rank, local_rank, nproc_per_node)
-             for nnodes, nproc_per_node in layouts(grading_seed(0))
-             for node_rank in range(nnodes) for local_rank in range(nproc_per_node)]
-    answers = call_learner(_global_ranks, global_rank, cases,
-                           what="global_rank(node_rank, local_rank, nproc_per_node)")
-    for (node_rank, local_rank, nproc_per_node), got in zip(cases, answers):
-        expect_equal(got, node_rank * nproc_per_node + local_rank,
-                     f"global_rank(node_rank={node_rank}, local_rank={local_rank}, "
-                     f"nproc_per_node={nproc_per_node})",
-                     hint="ranks are numbered node by node: the nproc_per_node ranks of "
-                          "every earlier node come first, then this node's local_rank")
 
 
 @grader("ranks on my node")

@@ -228,9 +228,12 @@ def test_plumbing_and_timing_tools_are_allowed_in_an_exercise_and_the_trainer_is
 
 
 def test_a_constant_the_lesson_imports_is_allowed_in_an_exercise():
-    body = ("def zero_bytes_per_parameter(stage, world_size):\n"
-            "    return 16 * GiB // GiB if stage == 0 else 4 + 12 / world_size\n")
-    assert reasons(submission("11", body, grader="check_zero_bytes_per_parameter"), "11") == []
+    body = ("def recipes_that_fit(n_parameters, gpu_memory_bytes, world_size, activation_bytes):\n"
+            "    cards = gpu_memory_bytes / GiB\n"
+            "    return [recipe for recipe in RECIPES if estimate_memory(\n"
+            "        n_parameters, recipe.optimizer, recipe.precision, recipe.strategy, world_size,\n"
+            "        activation_bytes).total / GiB <= cards]\n")
+    assert reasons(submission("11", body, grader="check_recipes_that_fit"), "11") == []
 
 
 def test_the_lessons_own_imports_and_magics_in_a_learner_cell_are_not_findings():

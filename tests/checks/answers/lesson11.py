@@ -1,31 +1,55 @@
 """Lesson 11's graders against answers: correct ones written differently from the solution
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
-from fractions import Fraction
-
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from course_lib.checks import lesson11
-from course_lib.topics.memory import (RECIPES, GiB, estimate_memory, fitting_recipes,
-                                      measure_training_step)
+from course_lib.topics.memory import (
+    RECIPES,
+    GiB,
+    estimate_memory,
+    fitting_recipes,
+    measure_model_state,
+    measure_training_step,
+)
 
 from . import answer, wrong_answer
 
 
-def zero_bytes_with_branches(stage, world_size):
-    if stage == 0:
-        return 16.0
-    if stage == 1:
-        return 4 + 12 / world_size
-    if stage == 2:
-        return 2 + 14 / world_size
-    return 16 / world_size
+def _local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def zero_bytes_from_what_is_sharded(stage, world_size):
-    parts = {"weights": (2, 3), "gradients": (2, 2), "optimizer state": (12, 1)}
-    return sum(Fraction(size, world_size) if stage >= sharded_from else size
-               for size, sharded_from in parts.values())  # a Fraction
+def held_by_storage_spans(model, optimizer):
+    """Each tensor's bytes from its shape, the state found wherever it lives, numpy ints back."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local optimizer
+    state = [_local(value) for per_parameter in inner.state.values()
+             for value in per_parameter.values() if torch.is_tensor(value)]
+    params = [_local(parameter) for parameter in model.parameters()]
+
+    def nbytes(tensors):
+        return np.int64(sum(tensor.numel() * tensor.element_size() for tensor in tensors))
+    return {"parameters": nbytes(params), "gradients": nbytes(_local(p.grad) for p in
+                                                              model.parameters()),
+            "optimizer_state": nbytes(state)}
+
+
+class Held:
+    """An object with the three counts as attributes, as 0-dim integer tensors."""
+
+    def __init__(self, model, optimizer):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        states = (optimizer.optim.state if isinstance(optimizer, ZeroRedundancyOptimizer)
+                  else optimizer.state)
+        self.parameters = torch.tensor(sum(p.to_local().nbytes if hasattr(p, "to_local") else
+                                           p.nbytes for p in model.parameters()))
+        self.gradients = torch.tensor(sum(p.grad.to_local().nbytes if hasattr(p.grad, "to_local")
+                                          else p.grad.nbytes for p in model.parameters()))
+        self.optimizer_state = torch.tensor(sum(
+            (value.to_local() if hasattr(value, "to_local") else value).nbytes
+            for state in states.values() for value in state.values()))
 
 
 def largest_batch_by_bisection():
@@ -79,9 +103,9 @@ def recipes_as_a_tuple_of_plain_tuples(n_parameters, gpu_memory_bytes, world_siz
 
 
 ALTERNATIVES = {
-    lesson11.check_zero_bytes_per_parameter: [
-        answer("branches", zero_bytes_with_branches),
-        answer("what is sharded, a Fraction", zero_bytes_from_what_is_sharded),
+    lesson11.check_held_bytes: [
+        answer("numel x element_size, numpy ints", held_by_storage_spans),
+        answer("an object of 0-dim tensors, .nbytes", Held),
     ],
     lesson11.check_largest_batch: [
         answer("bisection on measured steps", largest_batch_by_bisection()),
@@ -102,22 +126,57 @@ ALTERNATIVES = {
 REFERENCE_LARGEST_BATCH = 821  # 86,100 + 1,112 x 821 = 999,052; with 822: 1,000,164
 
 
-def shards_one_stage_too_many(stage, world_size):
-    sharded = {0: 12, 1: 14, 2: 16, 3: 16}[stage]
-    return 16 - sharded + sharded / world_size
+def _held(model, optimizer, local=True, state_of=None, keep=lambda name: True):
+    """A count as a learner might write it; the wrong answers below change one part."""
+    inner = getattr(optimizer, "optim", optimizer) if state_of is None else state_of(optimizer)
+    view = _local if local else (lambda tensor: tensor)
+
+    def nbytes(tensors):
+        return sum(view(tensor).numel() * view(tensor).element_size() for tensor in tensors)
+    return {"parameters": nbytes(model.parameters()),
+            "gradients": nbytes(p.grad for p in model.parameters()),
+            "optimizer_state": nbytes(value for per_parameter in inner.state.values()
+                                      for name, value in per_parameter.items()
+                                      if torch.is_tensor(value) and keep(name))}
 
 
-def forgets_master_copy(stage, world_size):  # Adam's two values only: 8 bytes of state
-    replicated = {0: 12, 1: 4, 2: 2, 3: 0}[stage]
-    return replicated + (12 - replicated) / world_size
+def held_full_dtensors(model, optimizer):  # numel() of a DTensor is the full tensor's
+    return _held(model, optimizer, local=False)
 
 
-def stage3_keeps_weights(stage, world_size):
-    replicated = {0: 16, 1: 4, 2: 2, 3: 2}[stage]
-    return replicated + (16 - replicated) / world_size
+def held_zero_state_of_the_wrapper(model, optimizer):  # ZeroRedundancyOptimizer's own .state
+    return _held(model, optimizer, state_of=lambda optimizer: optimizer)
 
 
-def zero_stub(stage, world_size):
+def held_without_step_counters(model, optimizer):
+    return _held(model, optimizer, keep=lambda name: name != "step")
+
+
+def held_state_as_one_copy(model, optimizer):  # AdamW's state counted as 1x the parameters
+    count = _held(model, optimizer)
+    count["optimizer_state"] = count["parameters"]
+    return count
+
+
+def held_without_gradients(model, optimizer):
+    return {**_held(model, optimizer), "gradients": 0}
+
+
+def held_zero1_divides_parameters(model, optimizer):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    count = _held(model, optimizer)
+    if isinstance(optimizer, ZeroRedundancyOptimizer):  # "ZeRO shards": but stage 1 not these
+        count["parameters"] //= dist.get_world_size()
+        count["gradients"] //= dist.get_world_size()
+    return count
+
+
+def held_by_the_library(model, optimizer):
+    return measure_model_state(model, optimizer).parts()
+
+
+def held_stub(model, optimizer):
     raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
@@ -159,24 +218,23 @@ def fit_by_the_library_imported_inside(n_parameters, gpu_memory_bytes, world_siz
                                        activation_bytes, memory.RECIPES))
 
 
-def zero_bytes_from_the_estimator(stage, world_size):
-    n_parameters = 2**40
-    return estimate_memory(n_parameters, "adam", "bf16-mixed", lesson11.STAGE_STRATEGIES[stage],
-                           world_size).total / n_parameters
-
-
 def recipes_stub(n_parameters, gpu_memory_bytes, world_size, activation_bytes):
     raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
 WRONG_ANSWERS = {
-    lesson11.check_zero_bytes_per_parameter: [
-        wrong_answer("shards one stage too many (stage 1 shards the gradients)",
-                     shards_one_stage_too_many),
-        wrong_answer("forgets the fp32 master copy of the weights", forgets_master_copy),
-        wrong_answer("stage 3 keeps the weights whole", stage3_keeps_weights),
-        wrong_answer("calls the library's estimate_memory", zero_bytes_from_the_estimator),
-        wrong_answer("the stub", zero_stub),
+    lesson11.check_held_bytes: [
+        wrong_answer("counts a DTensor's numel(): the full tensor, not this rank's shard",
+                     held_full_dtensors),
+        wrong_answer("reads ZeroRedundancyOptimizer's own .state (empty)",
+                     held_zero_state_of_the_wrapper),
+        wrong_answer("leaves out AdamW's step counters", held_without_step_counters),
+        wrong_answer("AdamW's state counted as 1x the parameters", held_state_as_one_copy),
+        wrong_answer("forgets the gradients", held_without_gradients),
+        wrong_answer("divides parameters and gradients by N under ZeRO-1",
+                     held_zero1_divides_parameters),
+        wrong_answer("returns the library's measure_model_state", held_by_the_library),
+        wrong_answer("the stub", held_stub),
     ],
     lesson11.check_largest_batch: [
         wrong_answer("forgets the model state: the budget over the bytes per sample", 899),

@@ -5,20 +5,36 @@ import os
 import numpy as np
 import torch
 import torch.distributed as dist
+from test_measured_graders import health_rows, measured_answer
 
 from course_lib.checks import lesson12
 from course_lib.topics import cost_model
-from test_measured_graders import health_rows, measured_answer
 
 from . import answer, wrong_answer
 
 
-def global_rank_by_counting(node_rank, local_rank, nproc_per_node):
-    return sum(nproc_per_node for _ in range(node_rank)) + local_rank
+def _gathered():
+    """Every process's (GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE), in the group's order."""
+    mine = tuple(int(os.environ[name]) for name in ("GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return mine, everyone
 
 
-def global_rank_as_numpy(node_rank, local_rank, nproc_per_node):
-    return np.ravel_multi_index((node_rank, local_rank), (node_rank + 1, nproc_per_node))
+def global_rank_by_sorting():
+    # torchrun's order: by node, then by local rank; my RANK is my place in it
+    mine, everyone = _gathered()
+    return sorted(everyone).index(mine), len(everyone)
+
+
+def global_rank_from_a_tensor():
+    # node sizes all-gathered as a tensor: a cumulative sum over the nodes, numpy ints back
+    node = torch.tensor([int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])])
+    table = torch.zeros(dist.get_world_size(), 2, dtype=torch.long)
+    dist.all_gather(list(table.unbind(0)), node)
+    sizes = dict(table.tolist())  # node -> its processes
+    before = sum(size for other, size in sizes.items() if other < int(os.environ["GROUP_RANK"]))
+    return np.int64(before + int(os.environ["LOCAL_RANK"])), np.int64(sum(sizes.values()))
 
 
 def ranks_on_my_node_from_a_tensor():
@@ -56,8 +72,8 @@ def health_answer(health_check, nprocs):
 
 ALTERNATIVES = {
     lesson12.check_global_rank: [
-        answer("counting nodes", global_rank_by_counting),
-        answer("numpy's ravel_multi_index", global_rank_as_numpy),
+        answer("the place in the sorted (node, local rank) list", global_rank_by_sorting),
+        answer("a tensor all-gathered, a cumulative sum, numpy ints", global_rank_from_a_tensor),
     ],
     lesson12.check_ranks_on_my_node: [
         answer("all_gather of a tensor, a tensor back", ranks_on_my_node_from_a_tensor),
@@ -80,16 +96,45 @@ RECORDED_HEALTH = [(nbytes, seconds, nbytes / seconds) for nbytes, seconds in
                     (2**24, 17.271e-3)]]  # 2 (N - 1) / N = 1 on 2 ranks
 
 
-def rank_forgets_local_rank(node_rank, local_rank, nproc_per_node):
-    return node_rank * nproc_per_node
+def _env(name):
+    return int(os.environ[name])
 
 
-def rank_adds_node_rank(node_rank, local_rank, nproc_per_node):
-    return node_rank + local_rank
+def rank_of_equal_nodes():
+    """GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK: right only when every node is this one's size."""
+    return (_env("GROUP_RANK") * _env("LOCAL_WORLD_SIZE") + _env("LOCAL_RANK"),
+            _env("GROUP_WORLD_SIZE") * _env("LOCAL_WORLD_SIZE"))
 
 
-def rank_interleaves_nodes(node_rank, local_rank, nproc_per_node):
-    return local_rank * nproc_per_node + node_rank
+def rank_with_nproc_per_node_hard_coded():
+    return _env("GROUP_RANK") * 2 + _env("LOCAL_RANK"), dist.get_world_size()
+
+
+def rank_of_the_process_group():
+    return dist.get_rank(), dist.get_world_size()
+
+
+def rank_with_a_float_world_size():
+    mine, everyone = _gathered()
+    return sorted(everyone).index(mine), float(len(everyone))
+
+
+def rank_with_nodes_in_order_of_arrival():
+    """Counts the nodes in the order their processes appear in the gather, not by GROUP_RANK."""
+    mine, everyone = _gathered()
+    nodes = list(dict.fromkeys(node for node, _, _ in everyone))  # first seen first
+    sizes = {node: size for node, _, size in everyone}
+    before = sum(sizes[node] for node in nodes[:nodes.index(mine[0])])
+    return before + mine[1], len(everyone)
+
+
+def rank_forgets_local_rank():
+    mine, everyone = _gathered()
+    return sum(1 for node, _, _ in everyone if node < mine[0]), len(everyone)
+
+
+def global_rank_stub():
+    raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
 def ranks_from_equal_nodes():
@@ -156,9 +201,13 @@ TYPED_IN_HEALTH = [(nbytes, nbytes / 100e9, 100e9) for nbytes in (2**18, 2**20, 
 
 WRONG_ANSWERS = {
     lesson12.check_global_rank: [
+        wrong_answer("assumes equal nodes (GROUP_RANK x LOCAL_WORLD_SIZE)", rank_of_equal_nodes),
+        wrong_answer("nproc_per_node hard-coded as 2", rank_with_nproc_per_node_hard_coded),
+        wrong_answer("returns the process group's dist.get_rank()", rank_of_the_process_group),
+        wrong_answer("a float world size", rank_with_a_float_world_size),
+        wrong_answer("numbers the nodes in order of arrival", rank_with_nodes_in_order_of_arrival),
         wrong_answer("forgets the local rank", rank_forgets_local_rank),
-        wrong_answer("adds the node rank to the local rank", rank_adds_node_rank),
-        wrong_answer("numbers the ranks across nodes first", rank_interleaves_nodes),
+        wrong_answer("the stub", global_rank_stub),
     ],
     lesson12.check_ranks_on_my_node: [
         wrong_answer("assumes equal nodes of LOCAL_WORLD_SIZE ranks", ranks_from_equal_nodes),

@@ -1,35 +1,37 @@
 """Graders for lesson 11, memory: the largest batch that fits a budget, from a measured step;
-bytes per parameter under each ZeRO stage; which training recipes fit a large model on given GPUs.
+what each rank holds under DDP, ZeRO-1 and FSDP, counted on ranks (held.py); which training
+recipes fit a large model on given GPUs.
 
 - the largest batch that fits: a whole number of samples at which a real step of the lesson's
   model (256 wide, Adam, fp32) fits in BUDGET_BYTES and one sample more does not. The grader
   measures both steps again: counted tensor bytes on the CPU are the same on every machine and
   every run, so re-measuring is exact, and any honest way of finding the number passes.
-- bytes per parameter under ZeRO: the bytes each rank holds per parameter, for stages 0 to 3
-  (any kind of number: int, float, Fraction, numpy, a 0-dim tensor), by arithmetic: a call of
-  the library's estimate_memory (or fitting_recipes) is the library's answer, not yours.
+- what each rank holds: see held.py.
 - which recipes fit: the recipes of RECIPES that fit, in RECIPES' order (list or tuple), each
   judged by the answer itself: a call of the library's fitting_recipes is not an answer.
 
 The references are course_lib.topics.memory's estimator, so the lesson and its graders count alike;
 course_lib.checks.engine.call_watch sees which of them the learner's function called.
 """
-import numbers
 
 import torch
 
-from .engine import GradingError, expect, expect_close, expect_whole_number, grader
-from .engine.boundary import grading_seed
-from .engine.call_watch import calls_of
-from .engine.learner_call import call_learner
-from .engine.observations import as_plain
-from ..topics.memory import (RECIPES, GiB, Recipe, estimate_memory, fitting_recipes,
-                             measure_training_step)
-from ..training.data import N_CLASSES, N_FEATURES
-from ..training.models import make_model
-
-STAGE_STRATEGIES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-
+from ...topics.memory import (
+    RECIPES,
+    GiB,
+    Recipe,
+    estimate_memory,
+    fitting_recipes,
+    measure_training_step,
+)
+from ...training.data import N_CLASSES, N_FEATURES
+from ...training.models import make_model
+from ..engine import GradingError, expect, expect_whole_number, grader
+from ..engine.boundary import grading_seed
+from ..engine.call_watch import calls_of
+from ..engine.learner_call import call_learner
+from ..engine.observations import as_plain
+from .held import check_held_bytes  # noqa: F401  (exercise 2)
 
 # -- exercise 1: the largest batch that fits, from a measured step ------------------------------
 
@@ -69,83 +71,6 @@ def check_largest_batch(largest_batch):
            f"more than the budget, {BUDGET_BYTES:,} bytes (else largest_batch is not the largest)",
            f"{above:,} bytes", f"at {largest_batch + 1} samples the step still fits, with "
                                f"{BUDGET_BYTES - above:,} bytes to spare: a larger batch fits")
-
-
-# -- exercise 2: bytes per parameter under ZeRO --------------------------------------------------
-
-ZERO_CASES = [(stage, world_size) for stage in (0, 1, 2, 3) for world_size in (1, 2, 4, 8, 64)]
-
-
-def reference_zero_bytes_per_parameter(stage, world_size):
-    n_parameters = 2**40  # divisible by every world_size graded: no rounding in the shards
-    return estimate_memory(n_parameters, "adam", "bf16-mixed", STAGE_STRATEGIES[stage],
-                           world_size).total / n_parameters
-
-
-def zero_cases(seed):
-    """ZERO_CASES, then each stage on a world size drawn from `seed` (grading_seed), a power of two
-    the notebook never saw."""
-    generator = torch.Generator().manual_seed(seed)
-    world_size = 2 ** int(torch.randint(4, 11, (1,), generator=generator))
-    return ZERO_CASES + [(stage, world_size) for stage in (0, 1, 2, 3)]
-
-
-def _zero_answers(zero_bytes_per_parameter, cases):
-    """On the learner's side: for each case, the answer (a plain number, or its repr) and the
-    library functions it called."""
-    answers = []
-    for stage, world_size in cases:
-        with calls_of(estimate_memory, fitting_recipes) as called:
-            got = zero_bytes_per_parameter(stage, world_size)
-        is_number = (isinstance(got, numbers.Real)
-                     or (isinstance(got, torch.Tensor) and got.numel() == 1))
-        answers.append({"called": list(called), "shown": f"{got!r} ({type(got).__name__})",
-                        "number": float(got) if is_number and not isinstance(got, bool) else None})
-    return answers
-
-
-@grader("bytes per parameter under ZeRO")
-def check_zero_bytes_per_parameter(zero_bytes_per_parameter):
-    cases = zero_cases(grading_seed(0))
-    answers = call_learner(_zero_answers, zero_bytes_per_parameter, cases,
-                           what="zero_bytes_per_parameter(stage, world_size)")
-    for (stage, world_size), answer in zip(cases, answers):
-        call = f"zero_bytes_per_parameter(stage={stage}, world_size={world_size})"
-        called = answer["called"]
-        expect(not called, f"what {call} called", "arithmetic on the bytes each rank keeps",
-               f"the library's {called[0]}" if called else "",
-               "the library's estimator is the answer this exercise rebuilds: count the bytes "
-               "yourself")
-        expect(answer["number"] is not None, call, "a number", answer["shown"],
-               "return the bytes as a number")
-        got = answer["number"]
-        expect_close(got, reference_zero_bytes_per_parameter(stage, world_size), call,
-                     rtol=1e-9, hint=_zero_hint(stage, world_size, got))
-
-
-_PARTS = {"the weights": 2, "the gradients": 2, "the optimizer state": 12}
-
-
-def _zero_hint(stage, world_size, got):
-    """Which parts the answer sharded, when its number matches some choice of them."""
-    kept = _listed(list(_PARTS)[: 3 - stage])  # stage 1 shards the optimizer state, 2 the grads too
-    if world_size == 1:
-        return (f"on 1 rank nothing is split: it holds every byte of 2 + 2 + 12 per parameter, "
-                f"and your number has {16 - got:g} fewer")
-    for mask in range(8):
-        sharded = [part for bit, part in enumerate(_PARTS) if mask >> bit & 1]
-        value = sum(size / world_size if part in sharded else size for part, size in _PARTS.items())
-        if abs(value - got) < 1e-9:
-            return (f"your number is what a rank holds when {_listed(sharded)} "
-                    f"{'is' if len(sharded) < 2 else 'are'} split over the {world_size} ranks; at "
-                    f"stage {stage} each rank keeps {kept} whole")
-    return (f"at stage {stage} each rank keeps {kept} whole and a 1/{world_size} share of the "
-            f"rest, of 2 + 2 + 12 bytes per parameter")
-
-
-def _listed(parts):
-    return "nothing" if not parts else " and ".join([", ".join(parts[:-1]), parts[-1]] if
-                                                       len(parts) > 1 else parts)
 
 
 # -- exercise 3: which recipes fit ---------------------------------------------------------------
