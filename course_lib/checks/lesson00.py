@@ -8,7 +8,7 @@ import os
 
 import torch.distributed as dist
 
-from .engine import expect_equal, grader
+from .engine import expect, expect_equal, grader
 from .engine.observations import as_plain
 from .engine.ranks import run_on_ranks
 
@@ -35,6 +35,11 @@ def check_whoami(whoami):
         got = _launch_whoami(whoami, nprocs)
         expect_equal(got, [(rank, nprocs) for rank in range(nprocs)],
                      f"launch(whoami, nprocs={nprocs})", hint=_whoami_mistake(got, nprocs))
+        kinds = [type(value).__name__ for pair in got for value in pair]
+        expect(set(kinds) == {"int"}, f"launch(whoami, nprocs={nprocs}): the types returned",
+               "int, int on every rank", ", ".join(kinds),
+               "2.0 equals 2, but range(2.0) fails; a tensor is no Python int either: return "
+               "the ints that dist.get_rank() and dist.get_world_size() give")
 
 
 def _whoami_mistake(got: list, nprocs: int) -> str:

@@ -4,7 +4,8 @@
   chunk i on devices[i], tuples/lists/dicts scattered item by item, other objects to every replica;
   written by the learner (the course's own scatter, imported at the top, does not count).
 - gather the outputs: the replicas' outputs concatenated along dim 0, replica 0 first, on
-  output_device (each output moved there, wherever it was), tuples gathered element by element;
+  output_device (each output moved there, wherever it was), tuples (of 2 or 3) gathered element
+  by element;
   written by the learner, not the course's gather.
 - gradients equal one device's: gradients.py.
 
@@ -74,7 +75,8 @@ def _rows(count, width=3, offset=0):
 
 SCATTER_HINT = ("compare the chunk sizes and devices with the exercise's rules: DataParallel's "
                 "sizes (10 rows on 3 devices: 4 + 4 + 2), chunk i on devices[i], containers "
-                "scattered item by item, anything else to every replica")
+                "scattered item by item, anything else to every replica; a container makes "
+                "only as many replicas as its shortest item (zip, not zip_longest)")
 
 
 @grader("scatter a batch")
@@ -90,6 +92,7 @@ def check_scatter_batch(scatter_batch):
         ("scatter_batch((X, {'mask': M}, 'tag'), 2 devices)",
          (_rows(5), {"mask": _rows(5, width=2, offset=100)}, "tag"), two),
         ("scatter_batch([X, Y], 3 devices)", [_rows(7), _rows(7, width=1, offset=50)], three),
+        ("scatter_batch((3 rows, 'tag'), 4 devices)", (_rows(3), "tag"), four),  # 3, not 4
         ("scatter_batch(7 rows, 2 'meta' devices)", _rows(7), [META, META]),
         ("scatter_batch(7 rows, devices [cpu, 'meta'])", _rows(7), [CPU, META]),
         ("scatter_batch((X, Y), devices ['meta', cpu, 'meta'])",
@@ -124,6 +127,8 @@ def check_gather_outputs(gather_outputs):
         ("gather_outputs([4 rows, 3 rows], cpu)", uneven, CPU),
         ("gather_outputs([2 rows, 5 rows, 1 row], cpu)", three, CPU),
         ("gather_outputs([(logits, features), (logits, features)], cpu)", pairs, CPU),
+        ("gather_outputs([(a, b, c), (a, b, c)], cpu)",
+         [pair + (_rows(len(pair[0]), width=1, offset=900),) for pair in pairs], CPU),
         ("gather_outputs([4 rows, 3 rows], 'meta')", uneven, META),
         ("gather_outputs([2 rows, 5 rows, 1 row], 'meta')", three, META),
         ("gather_outputs([4 rows on cpu, 3 rows on 'meta'], 'meta')",

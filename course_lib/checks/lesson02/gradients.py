@@ -4,7 +4,7 @@ One DataParallel forward and backward by hand, seen through the model's hooks
 (checks/engine/replicas.py): one replica per chunk of the batch (scatter), each a copy of the
 model (replicate), each in a thread of its own (parallel_apply), every replica's output reaching
 one loss over the whole batch (gather), and the model's gradients after it equal to those of one
-device on the whole batch.
+device on the whole batch, although the model comes in holding an earlier step's gradients.
 Any spelling of the four steps passes (autograd.grad, a summed loss...); handing them to the
 course's own DataParallel (course_lib.training.dp) does not: the exercise asks for them by hand.
 """
@@ -24,6 +24,7 @@ CPU = torch.device("cpu")
 MODEL_SEED, DATA_SEED = 1, 2  # at grading time, shifted by the grading offset (boundary.py)
 
 CASES = [(13, 3), (7, 2), (8, 2)]  # (samples, devices): 5 + 5 + 3, 4 + 3, 4 + 4 samples
+STALE_GRADIENT = 0.25  # every gradient the model holds when the function is called
 
 
 def _one_device(X, y, model_seed):
@@ -64,6 +65,8 @@ def _observe_a_run(data_parallel_gradients, model_seed, X, y, device_count):
     from ...training.models import make_model
 
     model = make_model(seed=model_seed)
+    for parameter in model.parameters():  # what an earlier step left: this one starts from zero
+        parameter.grad = torch.full_like(parameter, STALE_GRADIENT)
     with replica_forwards(model) as forwards:
         gradients = data_parallel_gradients(model, X, y, [CPU] * device_count)
     modules, threads = [model], [threading.current_thread()]
@@ -159,7 +162,10 @@ def _expect_one_devices_gradients(gradients, expected, device_count, call):
         if torch.allclose(got, wanted, rtol=1e-4, atol=1e-6):
             continue
         scale = gradient_scale(got, wanted)
-        hint = (f"gradient {index} is {scale:.3g} times one device's although every replica's "
+        stale = torch.allclose(got - wanted, torch.full_like(wanted, STALE_GRADIENT), atol=1e-5)
+        hint = ("the gradients the model held before the call (an earlier step's) are still in "
+                "what you return: clear them before the backward" if stale else
+                f"gradient {index} is {scale:.3g} times one device's although every replica's "
                 "output got the right gradient: the model's gradients after backward() are "
                 "already the replicas' total" if scale is not None and abs(scale - 1) > 1e-3 else
                 "every replica's output got the right gradient, but what you return is not the "

@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 
 from ...topics.collectives import count_traffic
+from ...topics.collectives import ring_all_reduce as course_ring
+from ..engine.call_watch import calls_of
 from ..engine.ranks import run_on_ranks
 
 LAUNCH_TIMEOUT_S = 20
@@ -33,14 +35,16 @@ def grading_tensor(rank, world_size, shape, seed=0):
 def reduce_grading_tensors(ring_all_reduce, shapes, seed=0):
     """On each rank: the learner's ring on this rank's grading tensor of each shape, as
     [(the tensor after it, the traffic it made)], the traffic as plain data: {"collectives":
-    names in call order, "bytes_sent_to" and "bytes_received_from": {peer rank: bytes}}."""
+    names in call order, "bytes_sent_to" and "bytes_received_from": {peer rank: bytes},
+    "course_ring": whether it called the course's own ring_all_reduce}."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     runs = []
     for shape in shapes:
         tensor = grading_tensor(rank, world_size, shape, seed)
-        with count_traffic() as traffic:
+        with count_traffic() as traffic, calls_of(course_ring) as course_calls:
             ring_all_reduce(tensor)
         runs.append((tensor.detach(), {"collectives": list(traffic.collectives),
                                        "bytes_sent_to": dict(traffic.bytes_sent_to),
-                                       "bytes_received_from": dict(traffic.bytes_received_from)}))
+                                       "bytes_received_from": dict(traffic.bytes_received_from),
+                                       "course_ring": bool(course_calls)}))
     return runs

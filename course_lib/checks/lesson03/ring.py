@@ -5,13 +5,15 @@ Built from point-to-point sends and receives only (send/recv, isend/irecv, batch
 counted below the Python API, however they were imported), no collective at all, each rank
 talking to its two ring neighbours only (rank - 1 and rank + 1: on 3 and 4 ranks a direct
 reduce-scatter and all-gather would talk to every rank) and sending about 2 (N - 1) / N times the
-tensor. The grader checks the sums and counts the bytes each rank sends (harness.py).
+tensor; written by the learner (a call of the course's own ring, which the lesson shows, is
+refused). The grader checks the sums and counts the bytes each rank sends (harness.py).
 """
 import torch
 
 from ...topics.collectives import ring_chunks
 from ..engine import expect, expect_close, grader
 from ..engine.boundary import grading_seed
+from ..engine.learner_call import library_call_hint
 from .harness import grading_tensor, launch_for_grading, reduce_grading_tensors
 
 RING_WORLD_SIZES = (2, 3, 4)
@@ -26,6 +28,10 @@ def check_ring_all_reduce(ring_all_reduce):
         per_rank = launch_for_grading(reduce_grading_tensors, ring_all_reduce, RING_SHAPES, seed,
                                       nprocs=world_size,
                                       what=f"ring_all_reduce on {world_size} ranks")
+        expect(not any(traffic["course_ring"] for runs in per_rank for _, traffic in runs),
+               f"ring_all_reduce on {world_size} ranks", "your own ring",
+               "a call of course_lib.topics.collectives.ring_all_reduce",
+               library_call_hint("course_lib.topics.collectives.ring_all_reduce", "the exercise"))
         _expect_point_to_point_only(per_rank, world_size)
         _expect_neighbours_only(per_rank, world_size)
         _expect_sums(per_rank, world_size, seed)

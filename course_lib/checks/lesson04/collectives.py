@@ -1,11 +1,12 @@
 """Lesson 04, exercises 1 and 2: DDP's two collectives, the broadcast of the parameters at
 construction and the all-reduce of the gradients at every step, each run on gloo ranks.
 
-- broadcast the parameters: run on 2 ranks that each start from another model with BatchNorm
-  buffers (running statistics that differ per rank) and a frozen parameter; afterwards every
-  rank's parameters and buffers equal rank 0's initial ones, rank 0 keeps its own, and the
-  model's parameters are the same objects as before (an optimizer built on them still works).
-  Any way of copying from rank 0 (broadcast, broadcast_object_list, load_state_dict, ...).
+- broadcast the parameters: run on 3 ranks (2 would let a copy to rank 1 only pass) that each start
+  from another model with BatchNorm buffers (running statistics that differ per rank) and a frozen
+  parameter; afterwards every rank's parameters and buffers equal rank 0's initial ones, rank 0
+  keeps its own, and the model's parameters are the same objects as before (an optimizer built on
+  them still works). Any way of copying from rank 0 (broadcast, broadcast_object_list,
+  load_state_dict, ...).
 - DDP by hand: on 3 ranks (2 would let a hard-coded 2 pass), the weights after each of 4 steps
   equal torch's DDP's and one process's on the global batch, on every rank: the gradients
   averaged over the ranks, whatever collective does it; each rank returns its own shard's loss.
@@ -24,7 +25,7 @@ from ...training.data import make_dataset
 from ...training.models import make_model, make_model_with_batchnorm
 
 LAUNCH_TIMEOUT_S = 90
-BROADCAST_WORLD_SIZE = 2
+BROADCAST_WORLD_SIZE = 3     # 2 would let rank 0 send to rank 1 only
 BROADCAST_SEED = 100         # rank r builds its model with seed BROADCAST_SEED + r
 BY_HAND_WORLD_SIZE = 3
 BY_HAND_DATA_SEED = 1        # the global batches' seed in a notebook (grading_seed shifts it)
@@ -76,7 +77,7 @@ def _broadcast_on_rank(broadcast_parameters, seed):
 
 @grader("broadcast the parameters")
 def check_broadcast_parameters(broadcast_parameters):
-    what = "broadcast_parameters(model) on 2 ranks"  # 2 ranks: the world is no input to draw
+    what = f"broadcast_parameters(model) on {BROADCAST_WORLD_SIZE} ranks"  # no input to draw
     seed = grading_seed(BROADCAST_SEED)
     results = _run_on_ranks(_broadcast_on_rank, broadcast_parameters, seed,
                             nprocs=BROADCAST_WORLD_SIZE, what=what)
@@ -88,7 +89,8 @@ def check_broadcast_parameters(broadcast_parameters):
         differ = [name for name, tensor in initial[0].items() if not torch.equal(state[name], tensor)]
         if differ:
             own = [name for name in differ if torch.equal(state[name], initial[rank][name])]
-            agree = all(torch.equal(results[0][0][name], results[1][0][name]) for name in differ)
+            agree = all(torch.equal(result[0][name], results[1][0][name])
+                        for result in results[1:] for name in differ)
             if rank == 0:
                 hint = (f"rank 0's own {', '.join(differ)} changed: rank 0 is the source, its "
                         "values must stay as they were")

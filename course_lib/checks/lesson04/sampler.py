@@ -5,12 +5,14 @@
   drop_last=drop_last)) after set_epoch(epoch) on the calling rank (its rank and world size from
   the process group), compared with torch's sampler itself: several epochs, sizes that divide and
   sizes that do not, padding longer than the dataset (1 sample on 4 ranks), and drop_last (even
-  with fewer samples than ranks). A list, a tensor or any sequence of whole numbers.
+  with fewer samples than ranks). A list, a tensor or any sequence of whole numbers, computed by
+  the learner: indices a DistributedSampler deals are refused (the exercise says so).
 """
 import torch
 
 from ..engine import expect, expect_equal, grader
 from ..engine.boundary import grading_seed
+from ..engine.call_watch import calls_of
 from ..engine.ranks import run_on_ranks
 
 LAUNCH_TIMEOUT_S = 90
@@ -34,15 +36,19 @@ def sampler_indices(n_samples, world_size, rank, epoch, seed, drop_last=False):
 
 
 def _indices_on_rank(indices_for_rank, cases):
-    """Inside a rank: the learner's indices for every case, as lists of ints (or what came back)."""
+    """Inside a rank: the learner's indices for every case, as lists of ints (or what came back),
+    and whether a DistributedSampler dealt them (the exercise computes them without one)."""
+    from torch.utils.data import DistributedSampler
+
     results = []
-    for n_samples, epoch, seed, drop_last in cases:
-        got = indices_for_rank(n_samples, epoch, seed=seed, drop_last=drop_last)
-        try:
-            results.append([int(index) for index in got])
-        except (TypeError, ValueError):
-            results.append(repr(got)[:120])
-    return results
+    with calls_of(DistributedSampler.__iter__) as called:
+        for n_samples, epoch, seed, drop_last in cases:
+            got = indices_for_rank(n_samples, epoch, seed=seed, drop_last=drop_last)
+            try:
+                results.append([int(index) for index in got])
+            except (TypeError, ValueError):
+                results.append(repr(got)[:120])
+    return {"indices": results, "sampler_used": bool(called)}
 
 
 def grading_cases() -> dict:
@@ -61,6 +67,12 @@ def check_indices_for_rank(indices_for_rank):
             what=f"indices_for_rank on {world_size} ranks", timeout=LAUNCH_TIMEOUT_S,
             hang_hint="the sampler needs no communication: a collective in your function waits "
                       "for ranks that never call it")
+        expect(not any(results["sampler_used"] for results in per_rank),
+               f"indices_for_rank on {world_size} ranks",
+               "indices your function computes", "indices a DistributedSampler dealt",
+               "the exercise is to compute them without the sampler: seed a generator with seed "
+               "+ epoch, draw the permutation, pad or cut it, deal every world_size-th index")
+        per_rank = [results["indices"] for results in per_rank]
         for index, (n_samples, epoch, seed, drop_last) in enumerate(cases):
             for rank, results in enumerate(per_rank):
                 got = results[index]

@@ -1,14 +1,15 @@
 """Graders for lesson 06, mixed precision: fp16's range, a correct AMP step, the scaler with
 gradient accumulation.
 
-- fp16 round trip: gradients scaled, cast to float16 and back, then unscaled, as a loss scale does.
+- fp16 round trip: gradients scaled, cast to float16 and back, then unscaled, as a loss scale does;
+  the gradients passed in are left as they were.
 - AMP step: zero the gradients, forward under float16 autocast, scaled backward, unscale_, clip to
   max_norm in true units, scaler.step, scaler.update; return the unscaled loss; a step whose
   gradients overflow is skipped and halves the scale.
-- AMP with gradient accumulation: one optimizer step over several micro-batches, each loss divided
-  by their number; unscale_, clip, step and update once; the step after it starts from zero
-  gradients (the grader takes two steps in a row), and clipping bites in true units (a step whose
-  gradient is twice max_norm, at scale 1024, must move the weights by lr x max_norm).
+- AMP with gradient accumulation: one optimizer step over several micro-batches (4, then 3), each
+  loss divided by their number; unscale_, clip, step and update once; the step after it starts from
+  zero gradients (the grader takes two steps in a row), and clipping bites in true units (a step
+  whose gradient is twice max_norm, at scale 1024, must move the weights by lr x max_norm).
 
 Every grader runs on the CPU with float16 autocast and torch.amp.GradScaler("cpu"), which torch
 supports, so the grades are the same on a laptop and on a GPU node. amp_steps.py runs the
@@ -52,11 +53,12 @@ def _round_trips(fp16_round_trip, grads):
     what it is (type and dtype)."""
     observed = []
     for scale in ROUND_TRIP_SCALES:
-        got = fp16_round_trip(grads.clone(), scale)
+        passed = grads.clone()
+        got = fp16_round_trip(passed, scale)
         tensor = isinstance(got, torch.Tensor)
         observed.append({"tensor": got.detach().as_subclass(torch.Tensor) if tensor else None,
                          "shown": f"{type(got).__name__} {getattr(got, 'dtype', '')}",
-                         "described": describe(got)})
+                         "described": describe(got), "grads_after": passed})
     return observed
 
 
@@ -79,6 +81,10 @@ def check_fp16_round_trip(fp16_round_trip):
                f"{expected[first].item():.6g} for the gradient {grads[first].item():.6g}",
                f"{got.flatten()[first].item():.6g}" if got.numel() > first else answer["described"],
                _round_trip_hint(got, grads, scale))
+        expect(torch.equal(answer["grads_after"], grads),
+               f"the gradients passed to fp16_round_trip(grads, {scale:g}), after it returns",
+               "unchanged", "changed in place", "the caller still needs its gradients: compute "
+               "into a new tensor (grads * scale), not with mul_ or *= on grads itself")
 
 
 def _round_trip_hint(got, grads, scale):
@@ -199,14 +205,16 @@ def check_amp_accumulation_step(amp_accumulation_step):
                  hint=accumulation_hint(observed["weights"][-1] - start, expected[-1] - start),
                  rtol=1e-4, atol=1e-6)
     # Two steps in a row, with a small scale (a large one would divide leftover gradients away):
-    # gradients left over from the first step must not leak into the second.
+    # gradients left over from the first step must not leak into the second, of 3 micro-batches
+    # (a count written in as the notebook's 4 shows).
     observed, expected = _accumulation_steps(amp_accumulation_step,
-                                             [micro_batches, _micro_batches(X[64:], y[64:])],
+                                             [micro_batches, _micro_batches(X[64:], y[64:], n=3)],
                                              init_scale=2.0)
     expect_close(observed["weights"][-1], expected[-1],
-                 "the weights after two steps in a row (scale 2.0)",
+                 "the weights after two steps in a row, of 4 then 3 micro-batches (scale 2.0)",
                  hint="the first step was right and the second is not: it started from the "
-                      "gradients the first step left behind",
+                      "gradients the first step left behind, or divided its losses by 4, not by "
+                      "len(micro_batches)",
                  rtol=1e-4, atol=1e-6)
     expect_close(loss, fp32_loss, "the returned loss (the mean over the 4 micro-batches)",
                  rtol=1e-2, hint=f"it is {loss / fp32_loss:.2f} times the mean of the "

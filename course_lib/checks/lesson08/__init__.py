@@ -1,4 +1,5 @@
-"""Lesson 08 graders: the pitfalls clinic's four DIAGNOSE exercises, each fix run on 2 gloo ranks.
+"""Lesson 08 graders: the pitfalls clinic's four DIAGNOSE exercises, each fix run on gloo ranks: 2,
+as in the broken runs, and 3 for the log line and the sampler (a world size of 2 written in shows).
 
 - the log line: log_mean_loss returns the mean over all ranks on every rank, and rank 0 alone
   prints it (the printed number is that mean; stdout or stderr, as print allows).
@@ -9,6 +10,9 @@
   exists, torn, while rank 0 writes; an older checkpoint is there before); every rank loads the
   new weights as soon as save_checkpoint returns, and returns when rank 0's save ended, not a
   fixed time later: twice, with disks of two speeds.
+
+- replicas that agree, values that are finite (replicas.py): the learner builds a check that every
+  rank runs every K steps, and every rank gets its verdict.
 
 Each grader fails the broken snippet (a hang, a crash, a wrong result), fixes of the symptom and
 half-fixes; the reference fixes are in course_lib.topics.pitfalls. fix_runs.py runs each fix on
@@ -23,7 +27,8 @@ from torch.utils.data import TensorDataset
 from ..engine import expect, expect_close, grader
 from ..engine.boundary import grading_seed
 from ...training.models import make_model_with_unused_branch
-from .fix_runs import (WORLD_SIZE, indices_on_rank, loss_of_rank, mean_loss_on_rank,
+from .replicas import check_replica_health  # noqa: F401  exercise 5: built, not fixed
+from .fix_runs import (WIDER_WORLD, indices_on_rank, loss_of_rank, mean_loss_on_rank,
                        reference_body, run_fix, save_then_load_on_rank, train_on_rank)
 
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -37,15 +42,16 @@ def _numbers_in(text: str) -> list:
 
 @grader("the log line")
 def check_log_mean_loss(log_mean_loss):
-    shift = grading_seed(0) % 5  # rank r's loss is r + 1 + shift: the mean, the sum and each
-    # rank's own stay apart; the world is fixed at 2 ranks, what the pitfall's run had
+    shift = grading_seed(0) % 5  # rank r's loss is r + 1 + shift: the mean, the sum and ranks 0
+    # and 2's own stay apart; 3 ranks, not the pitfall's 2, so that a mean "/ 2" shows
     results = run_fix(lambda: mean_loss_on_rank(log_mean_loss, shift), "log_mean_loss, then a "
-                      "barrier, on 2 ranks")
-    losses = [loss_of_rank(rank, shift) for rank in range(WORLD_SIZE)]
-    expected = sum(losses) / WORLD_SIZE
+                      f"barrier, on {WIDER_WORLD} ranks", nprocs=WIDER_WORLD)
+    losses = [loss_of_rank(rank, shift) for rank in range(WIDER_WORLD)]
+    expected = sum(losses) / WIDER_WORLD
     for rank, (mean, _) in enumerate(results):
         if abs(mean - expected) > 1e-5:
-            said = {sum(losses): "the sum over the ranks", losses[rank]: f"rank {rank}'s own loss"}
+            said = {sum(losses): "the sum over the ranks", losses[rank]: f"rank {rank}'s own loss",
+                    sum(losses) / 2: "the sum divided by 2, not by the world size"}
             which = next((name for value, name in said.items() if abs(mean - value) < 1e-5), None)
             expect(False, f"what log_mean_loss returns on rank {rank} (rank r's loss is "
                    f"r + {1 + shift})",
@@ -62,8 +68,9 @@ def check_log_mean_loss(log_mean_loss):
         expect(False, "the number rank 0 prints", f"the mean over the ranks, {expected:g}",
                repr(printed[:80]), f"rank 0 printed {which}" if which else
                "rank 0's line must hold the mean over the ranks")
-    expect(results[1][1] == "", "rank 1's output", "nothing", repr(results[1][1][:80]),
-           "rank 1 printed a line too: with N ranks the log holds N copies of every step")
+    for rank, (_, printed) in list(enumerate(results))[1:]:
+        expect(printed == "", f"rank {rank}'s output", "nothing", repr(printed[:80]),
+               f"rank {rank} printed a line too: with N ranks the log holds N copies of every step")
 
 
 # -- exercise 2: the second step ----------------------------------------------------------------
@@ -87,23 +94,24 @@ def check_wrap_model(wrap_model):
 
 # -- exercise 3: every epoch the same -----------------------------------------------------------
 
-N_INDICES, EPOCHS = 20, 3
+N_INDICES, EPOCHS = 24, 3
 
 
 @grader("every epoch the same")
 def check_indices_per_epoch(indices_per_epoch):
-    # The input is the dataset's size only, fixed: the learner's sampler draws the orders.
+    # The input is the dataset's size only, fixed: the learner's sampler draws the orders, on 3
+    # ranks (a sampler told num_replicas=2 deals 2 ranks' shares)
     dataset = TensorDataset(torch.arange(N_INDICES))
     results = run_fix(lambda: indices_on_rank(indices_per_epoch, dataset, EPOCHS, 4),
-                      "indices_per_epoch on 2 ranks")
+                      f"indices_per_epoch on {WIDER_WORLD} ranks", nprocs=WIDER_WORLD)
     every_index = list(range(N_INDICES))
     for epoch in range(EPOCHS):
-        seen = [list(per_rank[epoch]) for per_rank in results]
-        together = sorted(seen[0] + seen[1])
-        expect(together == every_index, f"the indices ranks 0 and 1 see together in epoch {epoch}",
-               f"each of the {N_INDICES} once", f"{len(together)} indices, "
-               f"{len(together) - len(set(together))} of them on both ranks",
-               "each sample once per epoch, on one rank: the ranks' shares must not overlap")
+        together = sorted(index for per_rank in results for index in per_rank[epoch])
+        expect(together == every_index, f"the indices the {WIDER_WORLD} ranks see together in "
+               f"epoch {epoch}", f"each of the {N_INDICES} once", f"{len(together)} indices, "
+               f"{len(together) - len(set(together))} of them on two ranks or more",
+               "each sample once per epoch, on one rank: the ranks' shares must not overlap, and "
+               "together they cover the dataset (the sampler takes the world size from the group)")
     orders = [tuple(results[0][epoch]) for epoch in range(EPOCHS)]
     repeated = next(((a, b) for a in range(EPOCHS) for b in range(a + 1, EPOCHS)
                      if orders[a] == orders[b]), None)

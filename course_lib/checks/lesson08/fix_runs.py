@@ -1,4 +1,4 @@
-"""Lesson 08's fixes run on 2 gloo ranks: each function here runs inside a rank with the learner's
+"""Lesson 08's fixes run on 2 gloo ranks (3 for the log line and the sampler): each function here runs inside a rank with the learner's
 fix and sends back plain values for the graders (a mean and what was printed, trained weights, a
 save's count, timing and what was loaded); a stub, a crash or a hang becomes a verdict."""
 import contextlib
@@ -10,6 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..engine import expect
+from ..engine.call_watch import calls_of
+from ..engine.learner_call import library_call_hint
 from ..engine.observations import as_plain
 from ..engine.ranks import run_on_ranks
 from ...runtime.shared.env import device_for_rank
@@ -19,15 +22,32 @@ from ...training.models import make_model_with_unused_branch
 
 LAUNCH_TIMEOUT_S = 20   # a correct answer takes well under a second; past this, it hangs
 WORLD_SIZE = 2
+WIDER_WORLD = 3  # the log line and the sampler run here: a 2 written into the fix shows
 READ_THE_RUN = "read the broken run's diagnosis again: where did each rank wait, or fail?"
 
 
-def run_fix(fn, what: str, hang_hint: str = READ_THE_RUN):
-    """Every rank's result of fn(); a stub, a crash or a hang becomes the learner's verdict."""
+def run_fix(fn, what: str, hang_hint: str = READ_THE_RUN, nprocs: int = WORLD_SIZE):
+    """Every rank's result of fn(); a stub, a crash or a hang becomes the learner's verdict, and
+    so does a call of the course's own fix (pitfalls.py's, which the notebook runs after each
+    exercise): the exercise is to write the fix."""
     import torch._dynamo  # noqa: F401  DDP imports it on first use; here once, not in every rank
 
-    return run_on_ranks(fn, nprocs=WORLD_SIZE, what=what, hang_hint=hang_hint,
-                        timeout=LAUNCH_TIMEOUT_S)
+    results = run_on_ranks(_watched, fn, nprocs=nprocs, what=what, hang_hint=hang_hint,
+                           timeout=LAUNCH_TIMEOUT_S)
+    called = [name for result in results for name in result["course_fixes"]]
+    name = f"course_lib.topics.pitfalls.{called[0]}" if called else ""
+    expect(not called, what, "your own fix", f"a call of {name}",
+           library_call_hint(name, "the exercise"))
+    return [result["result"] for result in results]
+
+
+def _watched(fn):
+    """Inside a rank: fn()'s result and the names of the course's fixes it called."""
+    fixes = (pitfalls.log_mean_loss, pitfalls.wrap_model, pitfalls.indices_per_epoch,
+             pitfalls.save_checkpoint)
+    with calls_of(*fixes) as called:
+        result = fn()
+    return {"result": result, "course_fixes": sorted(set(called))}
 
 
 # -- exercise 1: the log line -------------------------------------------------------------------

@@ -23,8 +23,9 @@ it does, never how it is written.
 
 The graders judge what comes back from the ranks; what runs inside them is in this package's
 modules: epoch_end, loader_timing, noise_probe, shard_training (against the one-process oracle),
-slow_disk. Each launch of the learner's function is a crossing (engine/boundary.py): the ranks
-return plain observations (numbers, tensors, texts), and every comparison is made here. The data
+slow_disk; watched.py sees a call of the course's own fix (refused: the exercise is the fix). Each
+launch of the learner's function is a crossing (engine/boundary.py): the ranks return plain
+observations (numbers, tensors, texts), and every comparison is made here. The data
 fed to the learner's code comes from boundary.grading_seed: the notebook's at offset 0, other data
 in class grading; the one-process oracle is computed here for the same data.
 """
@@ -35,6 +36,7 @@ import torch
 
 from ..engine import expect, grader
 from ..engine.boundary import grading_seed
+from ..engine.learner_call import library_call_hint
 from ..engine.oracle import close, large_batch_sgd
 from ..engine.ranks import run_on_ranks
 from ...topics import debugging
@@ -45,21 +47,28 @@ from .loader_timing import DATA_SEED as LOADER_DATA_SEED
 from .loader_timing import loader_on_rank
 from .noise_probe import DATA_SEED as NOISE_DATA_SEED
 from .noise_probe import FAR_STEP, SEEDS, first_collision, fingerprints_from_rows, noise_on_rank
-from .shard_training import (DATA_SEED, LR, STEPS, WORLD_SIZE, batches,
+from .shard_training import (DATA_SEED, LR, PER_RANK, STEPS, TRAINED_WORLD, WORLD_SIZE, batches,
                              expect_trained_like_one_process, train_on_rank, wrapped_on_rank)
 from .slow_disk import LATE_START_S, load_on_rank, what_was_loaded
+from .watched import watched_on_rank
 
 LAUNCH_TIMEOUT_S = 20  # a right answer takes a second or two; past this, it hangs
 SAME_COLLECTIVES = ("a rank waited for a partner that called another collective, or none: every "
                     "rank must call the same collectives, in the same order, with the same shapes")
 
 
-def _launch(fn, *args, what: str, hint: str = SAME_COLLECTIVES):
-    """Every rank's result of fn(*args) on WORLD_SIZE quiet gloo ranks."""
+def _launch(fn, *args, what: str, hint: str = SAME_COLLECTIVES, nprocs: int = WORLD_SIZE):
+    """Every rank's result of fn(*args) on `nprocs` quiet gloo ranks; a call of the course's
+    own fix (watched.py) is refused."""
     import torch._dynamo  # noqa: F401  DDP imports it on first use: once here, not in every rank
 
-    return run_on_ranks(fn, *args, nprocs=WORLD_SIZE, what=what, hang_hint=hint, crash_hint=hint,
-                        timeout=LAUNCH_TIMEOUT_S)
+    results = run_on_ranks(watched_on_rank, fn, *args, nprocs=nprocs, what=what,
+                           hang_hint=hint, crash_hint=hint, timeout=LAUNCH_TIMEOUT_S)
+    called = [name for result in results for name in result["course_fixes"]]
+    expect(not called, what, "your own fix of the broken function", f"a call of course_lib."
+           f"topics.debugging.{called[0] if called else ''}", library_call_hint(
+               f"debugging.{called[0] if called else ''}", "the exercise (find the bug, fix it)"))
+    return [result["result"] for result in results]
 
 
 # -- exercise 1: the end of an epoch ------------------------------------------------------------
@@ -123,8 +132,10 @@ def check_load_data(load_data):
 # -- exercise 3 and 4: a training step, against one process on the global batch ------------------
 
 def _loss_hint(got, expected, own):
-    if abs(got - WORLD_SIZE * expected) < 1e-4:
+    if abs(got - TRAINED_WORLD * expected) < 1e-4:
         return "that is the ranks' losses added up: the global batch's loss is their mean"
+    if abs(got - TRAINED_WORLD / 2 * expected) < 1e-4:
+        return f"that is the ranks' sum divided by 2, not by the {TRAINED_WORLD} ranks"
     if abs(got - own) < 1e-5:
         return ("that is the loss of this rank's shard only, which the dashboard logged: the "
                 "global batch's loss takes every rank's")
@@ -135,9 +146,10 @@ def _loss_hint(got, expected, own):
 @grader("the logged loss")
 def check_step_and_loss(step_and_loss):
     data_seed = grading_seed(DATA_SEED)
-    single_losses, single_weights = large_batch_sgd(batches(seed=data_seed), LR)
-    results = _launch(train_on_rank, step_and_loss, True, data_seed,
-                      what="step_and_loss, 4 DDP steps on 2 ranks")
+    single_losses, single_weights = large_batch_sgd(
+        batches(seed=data_seed, world_size=TRAINED_WORLD), LR)
+    results = _launch(train_on_rank, step_and_loss, True, data_seed, nprocs=TRAINED_WORLD,
+                      what=f"step_and_loss, 4 DDP steps on {TRAINED_WORLD} ranks")
     expect_trained_like_one_process(
         results, single_weights, "step_and_loss",
         lambda *_: "the training itself was right: keep the step as it was, and change only "
@@ -149,7 +161,8 @@ def check_step_and_loss(step_and_loss):
                    "the loss, a number", "something that is not a number", "return a number")
             expect(abs(got - expected) <= 1e-5 * abs(expected) + 1e-6,
                    f"the loss step_and_loss returns on rank {rank} at step {step}",
-                   f"the global batch's loss, {expected:.6f} (one process on all 32 samples)",
+                   f"the global batch's loss, {expected:.6f} (one process on all "
+                   f"{PER_RANK * TRAINED_WORLD} samples)",
                    f"{got:.6f}", _loss_hint(got, expected, own[step]))
 
 
@@ -157,8 +170,10 @@ def _hand_ddp_hint(ranks_differ, update, expected_update):
     if ranks_differ:
         return ("the ranks' models drifted apart: each rank stepped with gradients the others "
                 "did not have")
-    if close(update, WORLD_SIZE * expected_update):
-        return (f"each update is {WORLD_SIZE} times one process's, as many times as there are "
+    if close(update, TRAINED_WORLD / 2 * expected_update):
+        return "each update is 1.5 times one process's: the sum divided by 2, not by the world size"
+    if close(update, TRAINED_WORLD * expected_update):
+        return (f"each update is {TRAINED_WORLD} times one process's, as many times as there are "
                 "ranks: all_reduce adds the ranks' gradients")
     if close(update, torch.zeros_like(update)):
         return "the weights did not change at all in this step"
@@ -169,9 +184,9 @@ def _hand_ddp_hint(ranks_differ, update, expected_update):
 @grader("data parallel by hand")
 def check_hand_ddp_step(hand_ddp_step):
     data_seed = grading_seed(DATA_SEED)
-    _, single_weights = large_batch_sgd(batches(seed=data_seed), LR)
-    results = _launch(train_on_rank, hand_ddp_step, False, data_seed,
-                      what="hand_ddp_step, 4 steps on 2 ranks")
+    _, single_weights = large_batch_sgd(batches(seed=data_seed, world_size=TRAINED_WORLD), LR)
+    results = _launch(train_on_rank, hand_ddp_step, False, data_seed, nprocs=TRAINED_WORLD,
+                      what=f"hand_ddp_step, 4 steps on {TRAINED_WORLD} ranks")
     expect_trained_like_one_process(results, single_weights, "hand_ddp_step", _hand_ddp_hint)
 
 

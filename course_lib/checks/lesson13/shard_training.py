@@ -1,9 +1,10 @@
 """A learner's training step on each rank's shard of the global batches, recorded step by step
 for graders to hold against one process on the whole global batches (engine/oracle.py).
 
-Each rank trains make_model(seed=0) with plain SGD on every WORLD_SIZE-th sample of each global
-batch, as DistributedSampler deals them; the rank-side functions return what the grader compares,
-as plain data (engine/boundary.py), and the comparisons are made in the grader's process. The
+Each rank trains make_model(seed=0) with plain SGD on every world_size-th sample of each global
+batch (PER_RANK samples a rank), as DistributedSampler deals them, on TRAINED_WORLD ranks; the
+rank-side functions return what the grader compares, as plain data (engine/boundary.py), and the
+comparisons are made in the grader's process. The
 global batches come from make_dataset(seed=data_seed): the grader passes grading_seed(DATA_SEED)
 to the ranks and to the oracle alike.
 """
@@ -20,26 +21,28 @@ from ...training.data import make_dataset
 from ...training.models import make_model
 
 WORLD_SIZE = 2
-STEPS, GLOBAL_BATCH_SIZE, LR = 4, 32, 0.5
+TRAINED_WORLD = 3  # exercises 3 and 4 train on 3 ranks: a mean written as "/ 2" shows
+STEPS, PER_RANK, LR = 4, 16, 0.5
 DATA_SEED = 1
 
 
-def batches(steps=STEPS, seed=DATA_SEED):
-    X, y = make_dataset(steps * GLOBAL_BATCH_SIZE, seed=seed).tensors
-    return list(zip(X.split(GLOBAL_BATCH_SIZE), y.split(GLOBAL_BATCH_SIZE)))
+def batches(steps=STEPS, seed=DATA_SEED, world_size=WORLD_SIZE):
+    size = PER_RANK * world_size  # the global batch
+    X, y = make_dataset(steps * size, seed=seed).tensors
+    return list(zip(X.split(size), y.split(size)))
 
 
 def train_on_rank(step_fn, wrap, data_seed=DATA_SEED):
     """Four steps of step_fn on this rank's shard of each global batch: what it returned, the
     weights after each step, the loss of this rank's shard before each step, and the optimizer's
     learning rates at the end (numbers, or their text when they are none)."""
-    rank = dist.get_rank()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     model = make_model(seed=0)
     trained = DDP(model) if wrap else model
     optimizer = torch.optim.SGD(trained.parameters(), lr=LR)
     returned, weights, own = [], [], []
-    for X, y in batches(seed=data_seed):
-        X_local, y_local = X[rank::WORLD_SIZE], y[rank::WORLD_SIZE]  # as DistributedSampler deals
+    for X, y in batches(seed=data_seed, world_size=world_size):
+        X_local, y_local = X[rank::world_size], y[rank::world_size]  # as DistributedSampler deals
         with torch.no_grad():
             own.append(F.cross_entropy(model(X_local), y_local).item())
         value = step_fn(trained, optimizer, X_local, y_local)

@@ -22,6 +22,11 @@ def judge_shard_sizes(results, world_size, what):
                    f"{padded // world_size} elements", f"{got}",
                    f"the unit's {numel} parameters, zero-padded to {padded} (a multiple of "
                    f"world_size), split in {world_size} equal slices: rank r keeps slice r")
+        for unit, (storage, own) in enumerate(result["shard_storage"]):
+            expect(storage == own, f"{what}: the memory behind rank {rank}'s shard of unit {unit}",
+                   f"its own {own} bytes", f"a view into {storage} bytes",
+                   "the shard is a slice of the whole padded tensor, which it keeps alive: every "
+                   "rank still holds all the parameters; .clone() the slice")
 
 
 def judge_unit_events(events, world_size, where):

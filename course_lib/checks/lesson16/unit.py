@@ -173,6 +173,8 @@ def _train_units(unit_class, model_seed: int, data_seed: int, steps: int) -> dic
     model = unit_stack(model_seed)
     units = shard_units(model, unit_class)
     shard_numels = [int(unit.shard.numel()) for unit in units]
+    held = [(int(u.shard.untyped_storage().nbytes()), u.shard.numel() * u.shard.element_size())
+            for u in units]  # (bytes of its storage, its own bytes): a view keeps the whole
     optimizer = torch.optim.SGD([unit.shard for unit in units], lr=SGD_LR)
     watch = WatchUnits(padded_numels(world_size))
     watch.watch_units(units, linears(model))
@@ -192,7 +194,8 @@ def _train_units(unit_class, model_seed: int, data_seed: int, steps: int) -> dic
         losses.append(loss.item())
         events.append(watch.events)
         shards.append([unit.shard.detach().clone() for unit in units])
-    return dict(shard_numels=shard_numels, losses=losses, shards=shards, events=events)
+    return dict(shard_numels=shard_numels, shard_storage=held, losses=losses, shards=shards,
+                events=events)
 
 
 def _torch_fully_shard(model_seed, data_seed, rank, world_size, steps) -> list:

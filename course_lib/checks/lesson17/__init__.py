@@ -9,7 +9,8 @@ which collectives they called, and every comparison is made here.
   fc2 row) and an attention (qkv column, whole heads per rank; out row). Each rank's output and
   input gradient equal one process's unsplit part (and torch's DTensor ColwiseParallel/
   RowwiseParallel); each rank's weight and bias gradients are its slice of one process's
-  (column: rows; row: columns, the bias whole); one all-reduce in the forward, one in the
+  (column: rows; row: columns, the bias whole), each slice in a storage of its own (a view
+  keeps the whole matrix alive on every rank); one all-reduce in the forward, one in the
   backward, nothing else.
 - sequence parallelism: your SequenceParallelMLP around the course's Block (LayerNorm, MLP,
   residual) on a 1/2 sequence shard per rank: output and input-gradient shards equal one
@@ -138,6 +139,10 @@ def check_tensor_parallel(ColumnParallelLinear, RowParallelLinear):
             _judge_collectives(seen["backward"], ["all_reduce"], f"{where}: the backward's collectives",
                                "one all-reduce in the backward: the column layer's input gradient; "
                                "the row layer's backward passes the gradient through")
+            expect(not seen["views"], f"{where}: the memory behind its slices",
+                   "each slice in a storage of its own", f"{', '.join(seen['views'])}: views of the "
+                   "whole layer's tensor", "a slice of linear.weight shares the whole matrix's "
+                   "storage, so every rank keeps all of it alive: .clone() the slice")
             _judge_tensor(seen["out"], out, f"{where}: the output", _output_hint(seen["out"], out, bias))
             _judge_tensor(seen["x_grad"], x_grad, f"{where}: the input's gradient", TP_HINTS["x_grad"])
             expected = [full[0].chunk(WORLD_SIZE, 0)[rank], full[1].chunk(WORLD_SIZE, 0)[rank],

@@ -69,9 +69,18 @@ def tp_on_rank(column, row, data_seed: int) -> dict:
             layers = [getattr(split, first), getattr(split, second)]
             mine[kind] = _step(split, x, grad_out, *(_grad(layer, name) for layer in layers
                                                     for name in ("weight", "bias")))
+            mine[kind]["views"] = [f"{layer_name}.{name}" for layer_name, layer in zip(
+                (first, second), layers) for name in ("weight", "bias")
+                if _holds_more(getattr(layer, name, None))]
     if library_calls:
         return {"library_calls": library_calls}
     return dict(mine=mine, torch={kind: _dtensor_tp(kind, x, grad_out) for kind in LAYERS})
+
+
+def _holds_more(tensor) -> bool:
+    """Whether `tensor` is a view into a larger storage (a slice of the whole layer's weight)."""
+    return isinstance(tensor, torch.Tensor) and \
+        tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size()
 
 
 def _mesh():

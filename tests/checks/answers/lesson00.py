@@ -49,6 +49,10 @@ def whoami_rank_and_hard_coded_world():
     return (dist.get_rank(), 2)
 
 
+def whoami_float_world_size():
+    return dist.get_rank(), float(dist.get_world_size())  # 2.0 == 2, but range(2.0) fails
+
+
 RIGHT_LINES = ["[rank0] rank 0 has total 1"]
 
 WRONG_ANSWERS = {
@@ -57,6 +61,7 @@ WRONG_ANSWERS = {
         wrong_answer("returns the environment's strings, not ints", whoami_from_environment),
         wrong_answer("swaps rank and world_size", whoami_swapped),
         wrong_answer("asks the rank but hard-codes world_size 2", whoami_rank_and_hard_coded_world),
+        wrong_answer("a float world size", whoami_float_world_size),
     ],
     lesson00.check_where_output_goes: [
         wrong_answer("expects rank 1's line too",

@@ -1,5 +1,6 @@
 """Lesson 02's graders against answers: correct ones written differently from the solution
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
+import itertools
 import math
 
 import torch
@@ -164,6 +165,23 @@ def _scatter_tensors_only(inputs, devices):
     return [inputs for _ in devices]  # a tuple or dict reaches every replica whole
 
 
+def _scatter_padded_with_zip_longest(inputs, devices):
+    """Right for tensors and dicts of equal rows; a tuple is zipped with itertools.zip_longest, so
+    (3 rows, 'tag') on 4 devices makes a 4th replica with None for its rows."""
+    if isinstance(inputs, (tuple, list)):
+        per_item = [_scatter_padded_with_zip_longest(item, devices) for item in inputs]
+        return [type(inputs)(parts) for parts in itertools.zip_longest(*per_item)]
+    return _scatter_by(_split_with_chunk)(inputs, devices)
+
+
+def _gather_pairs_only(outputs, output_device):
+    """Written for the notebook's (logits, features) pairs: a tuple gives its first two only."""
+    if isinstance(outputs[0], tuple):
+        return tuple(torch.cat([output[i].to(output_device) for output in outputs])
+                     for i in (0, 1))
+    return torch.cat([output.to(output_device) for output in outputs])
+
+
 def _gather_by(join):
     """A gather that goes into tuples correctly and joins each list of tensors with join()."""
     def gather_outputs(outputs, output_device):
@@ -219,6 +237,13 @@ def _mean_of_replica_losses(model, X, y, devices):
     # One mean per replica, then their mean: with 5 + 5 + 3 samples the last 3 weigh too much.
     loss = torch.stack([F.cross_entropy(o, t) for o, t in zip(outputs, labels)]).mean()
     loss.backward()
+    return [p.grad for p in model.parameters()]
+
+
+def _never_clears_the_gradients(model, X, y, devices):
+    """Right, on a model without gradients; an earlier step's are added to this one's."""
+    _, _, outputs = _dp_forward(model, X, devices)
+    F.cross_entropy(gather(outputs, devices[0]), y).backward()
     return [p.grad for p in model.parameters()]
 
 
@@ -292,6 +317,7 @@ WRONG_ANSWERS = {
                      _scatter_by(_split_onto_the_first_device)),
         wrong_answer("makes one dict per device, even with fewer rows than devices",
                      _scatter_dicts_by_device_count),
+        wrong_answer("pads the replicas of a tuple with zip_longest", _scatter_padded_with_zip_longest),
         wrong_answer("calls the course's scatter",
                      lambda inputs, devices: scatter(inputs, devices)),
     ],
@@ -303,6 +329,8 @@ WRONG_ANSWERS = {
         wrong_answer("stacks instead of concatenating", _gather_by(_join_with_stack)),
         wrong_answer("concatenates first, then moves the result to output_device",
                      _gather_by(_join_then_move)),
+        wrong_answer("gathers the notebook's pairs only: a 3-tuple loses its third",
+                     _gather_pairs_only),
         wrong_answer("is the course's gather", gather),
     ],
     lesson02.check_data_parallel_gradients: [
@@ -318,5 +346,6 @@ WRONG_ANSWERS = {
         wrong_answer("backpropagates replica 0's loss only", _first_replica_only),
         wrong_answer("hands the four steps to the course's DataParallel",
                      _gradients_through_the_course_wrapper),
+        wrong_answer("never clears the gradients an earlier step left", _never_clears_the_gradients),
     ],
 }

@@ -8,6 +8,8 @@ from course_lib.checks import lesson03
 from course_lib.checks.lesson03.alpha_beta import SWEEP_WORLD_SIZE
 from course_lib.topics.collectives import _send_right_receive_left, naive_all_reduce, ring_chunks
 from course_lib.topics.cost_model import AllReduceSweep, fit_alpha_beta
+from course_lib.topics.global_loss import (contrastive_loss, gather_keeping_grad,
+                                          global_contrastive_loss)
 from test_measured_graders import ALPHA_BETA_ALTERNATIVES, RECORDED_SWEEP
 
 from . import answer, wrong_answer
@@ -75,6 +77,11 @@ ALTERNATIVES = {
 def _calls_dist_all_reduce(tensor):
     dist.all_reduce(tensor)
     return tensor
+
+
+def _course_ring(tensor):
+    from course_lib.topics.collectives import ring_all_reduce
+    return ring_all_reduce(tensor)
 
 
 def _stub(tensor):
@@ -177,6 +184,7 @@ WRONG_ANSWERS = {
         wrong_answer("reduce-scatter and all-gather straight to each chunk's owner, not a ring",
                      _straight_to_each_owner),
         wrong_answer("the unfinished stub", _stub),
+        wrong_answer("calls the course's ring_all_reduce, which the lesson shows", _course_ring),
     ],
     lesson03.check_measure_alpha_beta: [
         wrong_answer("a plain least-squares line: the large messages' noise swamps alpha",
@@ -196,3 +204,118 @@ WRONG_ANSWERS = {
                      *_converted_record()),
     ],
 }
+
+
+# -- the global loss (check_global_loss) ---------------------------------------------------------
+
+def _rank_rows(queries):
+    return dist.get_rank() * len(queries)
+
+
+def _loss_with_nn_functional(queries, keys):
+    import warnings
+
+    import torch.distributed.nn.functional as dist_nn
+
+    with warnings.catch_warnings():  # deprecated in torch 2.13 for _functional_collectives
+        warnings.simplefilter("ignore", FutureWarning)
+        all_keys = torch.cat(dist_nn.all_gather(keys))
+    return contrastive_loss(queries, all_keys, first_label=_rank_rows(queries))
+
+
+def _loss_reduced_to_the_global_mean(queries, keys):
+    """The global loss itself on every rank: each rank's mean all-reduced (differentiably) and
+    divided by N. Every rank backwards it, and the all-reduce's backward sums the N seeds."""
+    import torch.distributed._functional_collectives as funcol
+
+    all_keys = funcol.all_gather_single(keys.contiguous(), 0, dist.group.WORLD)
+    local = contrastive_loss(queries, all_keys, first_label=_rank_rows(queries))
+    return funcol.all_reduce(local, "sum", dist.group.WORLD) / dist.get_world_size()
+
+
+class _GatherSummingGradients(torch.autograd.Function):
+    """A hand-written differentiable all-gather: backward all-reduces the gradient of the whole
+    gathered tensor and keeps this rank's rows (the sum of what every rank's loss sent them)."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, tensor.contiguous())
+        return torch.cat(gathered)
+
+    @staticmethod
+    def backward(ctx, gradient):
+        gradient = gradient.contiguous()
+        dist.all_reduce(gradient)
+        return gradient.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+class _GatherOwnGradientOnly(_GatherSummingGradients):
+    """The old GatherLayer mistake: backward keeps this rank's rows of its own gradient only."""
+
+    @staticmethod
+    def backward(ctx, gradient):
+        return gradient.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+def _loss_with_hand_written_function(queries, keys):
+    return contrastive_loss(queries, _GatherSummingGradients.apply(keys),
+                            first_label=_rank_rows(queries))
+
+
+def _plain_all_gather(queries, keys):
+    gathered = [torch.empty_like(keys) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, keys.detach().contiguous())
+    return contrastive_loss(queries, torch.cat(gathered), first_label=_rank_rows(queries))
+
+
+def _plain_all_gather_own_rows_put_back(queries, keys):
+    gathered = [torch.empty_like(keys) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, keys.detach().contiguous())
+    gathered[dist.get_rank()] = keys  # the local rows keep their graph; the others' do not
+    return contrastive_loss(queries, torch.cat(gathered), first_label=_rank_rows(queries))
+
+
+def _local_negatives(queries, keys):
+    return contrastive_loss(queries, keys)
+
+
+def _labels_not_offset(queries, keys):
+    return contrastive_loss(queries, gather_keeping_grad(keys))
+
+
+def _detached_keys_gathered(queries, keys):
+    return contrastive_loss(queries, gather_keeping_grad(keys.detach()),
+                            first_label=_rank_rows(queries))
+
+
+def _scaled_by_world_size(queries, keys):
+    return dist.get_world_size() * contrastive_loss(queries, gather_keeping_grad(keys),
+                                                    first_label=_rank_rows(queries))
+
+
+def _own_gradient_only(queries, keys):
+    return contrastive_loss(queries, _GatherOwnGradientOnly.apply(keys),
+                            first_label=_rank_rows(queries))
+
+
+def _returns_a_float(queries, keys):
+    return contrastive_loss(queries, gather_keeping_grad(keys), first_label=_rank_rows(queries)).item()
+
+
+ALTERNATIVES[lesson03.check_global_loss] = [
+    answer("torch.distributed.nn.functional.all_gather", _loss_with_nn_functional),
+    answer("the global mean all-reduced on every rank", _loss_reduced_to_the_global_mean),
+    answer("a hand-written autograd.Function", _loss_with_hand_written_function),
+]
+WRONG_ANSWERS[lesson03.check_global_loss] = [
+    wrong_answer("dist.all_gather into a list", _plain_all_gather),
+    wrong_answer("dist.all_gather, its own rows put back", _plain_all_gather_own_rows_put_back),
+    wrong_answer("negatives from this rank only", _local_negatives),
+    wrong_answer("labels not offset by the rank", _labels_not_offset),
+    wrong_answer("gathers detached keys", _detached_keys_gathered),
+    wrong_answer("multiplied by the world size", _scaled_by_world_size),
+    wrong_answer("a gather whose backward keeps its own gradient only", _own_gradient_only),
+    wrong_answer("returns loss.item()", _returns_a_float),
+    wrong_answer("calls the course's own", global_contrastive_loss),
+]

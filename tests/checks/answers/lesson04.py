@@ -16,7 +16,7 @@ from course_lib.checks import lesson04
 from course_lib.checks.lesson04.buckets import BUCKET_WORLD_SIZE
 from course_lib.checks.lesson04.overlap import seconds_within
 from course_lib.checks.lesson04.sampler import (contiguous_blocks, epoch_permutation,
-                                              indices_per_rank, sampler_indices)
+                                              indices_per_rank)
 from course_lib.topics.scaling import StepTiming
 from course_lib.topics.timeline import merge_intervals
 
@@ -71,6 +71,13 @@ def indices_from_distributed_sampler(n_samples, epoch, seed=0, drop_last=False):
                                  drop_last=drop_last)
     sampler.set_epoch(epoch)
     return list(sampler)
+
+
+def indices_by_position(n_samples, epoch, seed=0, drop_last=False):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    order = torch.randperm(n_samples, generator=torch.Generator().manual_seed(seed + epoch))
+    total = (n_samples // world_size if drop_last else -(-n_samples // world_size)) * world_size
+    return [int(order[position % n_samples]) for position in range(rank, total, world_size)]
 
 
 def indices_with_a_cycle(n_samples, epoch, seed=0, drop_last=False):
@@ -197,7 +204,7 @@ ALTERNATIVES = {
         answer("all_gather and mean", train_step_with_all_gather),
     ],
     lesson04.check_indices_for_rank: [
-        answer("DistributedSampler itself, rank from the group", indices_from_distributed_sampler),
+        answer("a comprehension over positions modulo n_samples", indices_by_position),
         answer("itertools.cycle padding, a tensor, rank from the environment",
                indices_with_a_cycle),
     ],
@@ -252,6 +259,16 @@ def broadcast_trainable_only(model):
     with torch.no_grad():
         for tensor in [p for p in model.parameters() if p.requires_grad] + list(model.buffers()):
             dist.broadcast(tensor, src=0)
+
+
+def send_to_rank_1(model):
+    """Point-to-point from lesson 03: rank 0 sends to rank 1, right on 2 ranks only."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if dist.get_rank() == 0:
+                dist.send(tensor, dst=1)
+            elif dist.get_rank() == 1:
+                dist.recv(tensor, src=0)
 
 
 def replace_the_parameters(model):
@@ -327,8 +344,15 @@ def step_broadcasts_rank_0s_gradients(model, optimizer, X, y):
 
 # exercise 3: indices for a rank, each mistake written with rank and world_size as arguments
 
+def own_indices(n_samples, world_size, rank, epoch, seed=0, drop_last=False):
+    """The sampler's recipe computed without DistributedSampler, which the exercise forbids."""
+    indices = epoch_permutation(n_samples, epoch, seed)
+    total = indices_per_rank(n_samples, world_size, drop_last) * world_size
+    return (indices * (total // max(n_samples, 1) + 1))[:total][rank::world_size]
+
+
 def ignores_epoch(n_samples, world_size, rank, epoch, seed=0, drop_last=False):
-    return sampler_indices(n_samples, world_size, rank, 0, seed, drop_last)  # no set_epoch
+    return own_indices(n_samples, world_size, rank, 0, seed, drop_last)  # no set_epoch
 
 
 def seeds_each_rank(n_samples, world_size, rank, epoch, seed=0, drop_last=False):
@@ -350,11 +374,11 @@ def pads_once(n_samples, world_size, rank, epoch, seed=0, drop_last=False):
 
 
 def ignores_drop_last(n_samples, world_size, rank, epoch, seed=0, drop_last=False):
-    return sampler_indices(n_samples, world_size, rank, epoch, seed)
+    return own_indices(n_samples, world_size, rank, epoch, seed)
 
 
 def assumes_two_ranks(n_samples, world_size, rank, epoch, seed=0, drop_last=False):
-    return sampler_indices(n_samples, 2, rank % 2, epoch, seed, drop_last)
+    return own_indices(n_samples, 2, rank % 2, epoch, seed, drop_last)
 
 
 def on_this_rank(mistake):
@@ -419,6 +443,7 @@ WRONG_ANSWERS = {
         wrong_answer("broadcasts the parameters, not the buffers", broadcast_parameters_only),
         wrong_answer("skips the frozen parameter", broadcast_trainable_only),
         wrong_answer("replaces the parameters with new objects", replace_the_parameters),
+        wrong_answer("rank 0 sends to rank 1: right on 2 ranks only", send_to_rank_1),
     ],
     lesson04.check_train_step_by_hand: [
         wrong_answer("sums the gradients without dividing by world_size", step_sums_gradients),
@@ -437,6 +462,8 @@ WRONG_ANSWERS = {
                      on_this_rank(pads_once)),
         wrong_answer("ignores drop_last", on_this_rank(ignores_drop_last)),
         wrong_answer("assumes 2 ranks", on_this_rank(assumes_two_ranks)),
+        wrong_answer("returns DistributedSampler's indices, which the exercise computes",
+                     indices_from_distributed_sampler),
     ],
     lesson04.check_hidden_share: [
         wrong_answer("counts the wait at the end of backward as hidden",

@@ -130,6 +130,11 @@ def round_trip_scaled_after_cast(grads, scale):
     return grads.to(torch.float16).to(torch.float32) * scale / scale
 
 
+def round_trip_in_place(grads, scale):
+    grads.mul_(scale)  # the caller's gradients, scaled for good
+    return grads.half().float() / scale
+
+
 def round_trip_in_bfloat16(grads, scale):
     return (grads * scale).to(torch.bfloat16).to(torch.float32) / scale
 
@@ -165,9 +170,10 @@ def accumulation_steps_every_micro_batch(model, optimizer, scaler, micro_batches
 
 
 def accumulation_variant(divide=True, zero_every_micro_batch=False, zero_grad=True, clip="after",
-                         unscale_every_micro_batch=False):
+                         unscale_every_micro_batch=False, count=None):
     """reference_amp_accumulation_step with one mistake. `clip`: "after" unscale_ (right),
-    "before" unscale_, "every micro-batch" (the scaled partial sums), or None."""
+    "before" unscale_, "every micro-batch" (the scaled partial sums), or None; `count`: the
+    number of micro-batches written in, not len(micro_batches)."""
     def amp_accumulation_step(model, optimizer, scaler, micro_batches, max_norm):
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
@@ -176,7 +182,8 @@ def accumulation_variant(divide=True, zero_every_micro_batch=False, zero_grad=Tr
             if zero_every_micro_batch:
                 optimizer.zero_grad(set_to_none=True)  # wipes the micro-batches before this one
             with torch.autocast(device_type=X.device.type, dtype=torch.float16):
-                loss = F.cross_entropy(model(X), y) / (len(micro_batches) if divide else 1)
+                loss = F.cross_entropy(model(X), y) / ((count or len(micro_batches)) if divide
+                                                       else 1)
             scaler.scale(loss).backward()
             if unscale_every_micro_batch:
                 scaler.unscale_(optimizer)
@@ -217,6 +224,7 @@ WRONG_ANSWERS = {
         wrong_answer("forgets to divide by the scale", round_trip_not_unscaled),
         wrong_answer("scales after the cast, too late", round_trip_scaled_after_cast),
         wrong_answer("uses bfloat16 instead of float16", round_trip_in_bfloat16),
+        wrong_answer("scales the caller's gradients in place (mul_)", round_trip_in_place),
     ],
     lesson06.check_amp_step: [
         wrong_answer("clips before unscale_", amp_step_variant(unscale=False)),
@@ -236,6 +244,8 @@ WRONG_ANSWERS = {
         wrong_answer("steps after every micro-batch", accumulation_steps_every_micro_batch),
         wrong_answer("does not divide the loss by the micro-batch count",
                      accumulation_variant(divide=False)),
+        wrong_answer("divides the loss by 4, the notebook's micro-batch count",
+                     accumulation_variant(count=4)),
         wrong_answer("zeroes the gradients before every micro-batch",
                      accumulation_variant(zero_every_micro_batch=True)),
         wrong_answer("never zeroes the gradients: the next step adds the last one's",

@@ -157,6 +157,15 @@ def prints_the_sum(loss):
     return total / dist.get_world_size()
 
 
+def divides_by_two(loss):
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    mean /= 2  # the broken run had 2 ranks
+    if dist.get_rank() == 0:
+        print(f"mean loss {mean.item():.4f}")
+    return mean
+
+
 def no_ddp(model):
     return model
 
@@ -193,6 +202,16 @@ def reshuffles_its_own_share(dataset, epochs=3, batch_size=4):
     generator = torch.Generator().manual_seed(dist.get_rank())
     return [[share[i] for i in torch.randperm(len(share), generator=generator).tolist()]
             for _ in range(epochs)]
+
+
+def sampler_for_two_ranks(dataset, epochs=3, batch_size=4):
+    sampler = DistributedSampler(dataset, num_replicas=2, rank=dist.get_rank() % 2, seed=0)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    seen = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        seen.append([i for (batch,) in loader for i in batch.tolist()])
+    return seen
 
 
 def barrier_before_saving(model, path):
@@ -245,12 +264,14 @@ WRONG_ANSWERS = {
         wrong_answer("dist.reduce to rank 0: other ranks get no mean", reduces_to_rank0),
         wrong_answer("returns the mean, but rank 0 prints its own loss", prints_its_own_loss),
         wrong_answer("returns the mean, but rank 0 prints the sum", prints_the_sum),
+        wrong_answer("divides the sum by 2, the broken run's world size", divides_by_two),
     ],
     lesson08.check_wrap_model: [
         wrong_answer("the broken snippet: plain DDP", pitfalls.wrap_model_broken),
         wrong_answer("the symptom fixed: no DDP at all, each rank trains alone", no_ddp),
         wrong_answer("deletes the branch after wrapping", deletes_after_wrapping),
         wrong_answer("freezes the branch after wrapping", freezes_after_wrapping),
+        wrong_answer("the course's fix, pitfalls.wrap_model", pitfalls.wrap_model),
     ],
     lesson08.check_indices_per_epoch: [
         wrong_answer("the broken snippet: no set_epoch", pitfalls.indices_per_epoch_broken),
@@ -259,6 +280,7 @@ WRONG_ANSWERS = {
                      shuffles_without_sharding),
         wrong_answer("the symptom fixed: each rank reshuffles its own fixed share",
                      reshuffles_its_own_share),
+        wrong_answer("a sampler with num_replicas=2 written in", sampler_for_two_ranks),
     ],
     lesson08.check_save_checkpoint: [
         wrong_answer("the broken snippet: rank 0 saves, nobody waits",
@@ -273,3 +295,98 @@ WRONG_ANSWERS = {
                      retries_loading),
     ],
 }
+
+
+# -- replicas that agree, values that are finite (check_replica_health) ---------------------------
+
+def _flat(model):
+    return torch.cat([parameter.detach().flatten() for parameter in model.parameters()])
+
+
+def _not_finite(model, loss):
+    return not bool(torch.isfinite(_flat(model)).all() and torch.isfinite(loss.detach()))
+
+
+def health_by_all_gather_of_hashes(model, loss):
+    """The bytes of the parameters hashed, every rank's hash and flag gathered: two collectives."""
+    import hashlib
+
+    digest = hashlib.sha256(_flat(model).numpy().tobytes()).digest()[:7]
+    mine = torch.tensor([int.from_bytes(digest, "big"), int(_not_finite(model, loss))])
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    if any(int(row[1]) for row in everyone):
+        return "non-finite"
+    return "ok" if len({int(row[0]) for row in everyone}) == 1 else "diverged"
+
+
+def health_by_broadcast_and_compare(model, loss):
+    """Rank 0's parameters broadcast, each rank compares exactly, then one all-reduce (MAX) of
+    [differs, not finite]: every rank gets both verdicts."""
+    reference = _flat(model).clone()
+    dist.broadcast(reference, src=0)
+    flags = torch.tensor([float(not torch.equal(reference, _flat(model))),
+                          float(_not_finite(model, loss))])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags[1] > 0:
+        return "non-finite"
+    return "diverged" if flags[0] > 0 else "ok"
+
+
+def _with_fingerprint(fingerprint):
+    def check(model, loss):
+        mine = fingerprint(_flat(model).double())
+        summary = torch.stack([mine, -mine, torch.tensor(float(_not_finite(model, loss)),
+                                                         dtype=torch.float64)])
+        dist.all_reduce(summary, op=dist.ReduceOp.MAX)
+        if summary[2] > 0:
+            return "non-finite"
+        return "ok" if summary[0] == -summary[1] else "diverged"
+    return check
+
+
+def health_checked_locally(model, loss):
+    return "non-finite" if _not_finite(model, loss) else "ok"
+
+
+def health_on_rank_zero_only(model, loss):
+    """Rank 0 gathers every fingerprint and flag and decides; the others are never told."""
+    mine = torch.stack([pitfalls.fingerprint(model), torch.tensor(float(_not_finite(model, loss)),
+                                                                   dtype=torch.float64)])
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())] \
+        if dist.get_rank() == 0 else None
+    dist.gather(mine, everyone, dst=0)
+    if dist.get_rank() != 0:
+        return "ok"
+    if any(row[1] > 0 for row in everyone):
+        return "non-finite"
+    return "ok" if len({float(row[0]) for row in everyone}) == 1 else "diverged"
+
+
+def health_flag_summed_then_divided(model, loss):
+    """The flag averaged (SUM / N) and compared with 1: true only when every rank saw a NaN."""
+    mine = pitfalls.fingerprint(model)
+    summary = torch.stack([mine, -mine])
+    dist.all_reduce(summary, op=dist.ReduceOp.MAX)
+    flag = torch.tensor(float(_not_finite(model, loss)))
+    dist.all_reduce(flag)
+    if flag / dist.get_world_size() >= 1:
+        return "non-finite"
+    return "ok" if summary[0] == -summary[1] else "diverged"
+
+
+ALTERNATIVES[lesson08.check_replica_health] = [
+    answer("sha256 of the bytes, all_gather", health_by_all_gather_of_hashes),
+    answer("rank 0's weights broadcast, compared exactly", health_by_broadcast_and_compare),
+]
+WRONG_ANSWERS[lesson08.check_replica_health] = [
+    wrong_answer("checks only locally", health_checked_locally),
+    wrong_answer("calls the course's own check", pitfalls.replica_health_check),
+    wrong_answer("raises on the rank with the NaN, alone", pitfalls.replica_health_check_local),
+    wrong_answer("rank 0 decides, the others are never told", health_on_rank_zero_only),
+    wrong_answer("a plain sum as the fingerprint", _with_fingerprint(lambda values: values.sum())),
+    wrong_answer("a sum of squares as the fingerprint",
+                 _with_fingerprint(lambda values: (values ** 2).sum())),
+    wrong_answer("the flag averaged: non-finite only when every rank is",
+                 health_flag_summed_then_divided),
+]

@@ -358,6 +358,16 @@ def averages_the_loss_before_backward(model, optimizer, X, y):
     return loss.item()
 
 
+def loss_divided_by_two(model, optimizer, X, y):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)
+    loss.backward()
+    optimizer.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    return mean.item() / 2  # the dashboard's run had 2 ranks
+
+
 # -- exercise 4: data parallel by hand ----------------------------------------------------------
 
 def _flat_step(model, optimizer, X, y, average):
@@ -383,6 +393,10 @@ def averages_on_rank0_only(model, optimizer, X, y):
     world_size = dist.get_world_size()
     return _flat_step(model, optimizer, X, y,
                       lambda flat: flat.div_(world_size) if dist.get_rank() == 0 else flat)
+
+
+def divides_by_two(model, optimizer, X, y):
+    return _flat_step(model, optimizer, X, y, lambda flat: flat.div_(2))  # the broken run's 2 ranks
 
 
 def never_copies_back(model, optimizer, X, y):
@@ -488,6 +502,13 @@ def freezes_the_first_layer(model):
     return DDP(model, find_unused_parameters=True)
 
 
+course_end_of_epoch = debugging.end_of_epoch  # what the notebook's `debugging.` offers
+
+
+# Wrong answers that test_lesson13_probes.py runs with the verdict it must give are not repeated
+# here (each run of a grader costs seconds): every_rank_writes, barrier_before_saving,
+# polls_for_the_file, polls_then_waits_a_moment, retries_until_it_loads,
+# takes_the_smallest_learning_rate, takes_the_largest_learning_rate, seeds_that_meet_at_step_500.
 WRONG_ANSWERS = {
     lesson13.check_end_of_epoch: [
         hanging_wrong_answer("the broken run: the collectives in another order on rank 0",
@@ -495,23 +516,15 @@ WRONG_ANSWERS = {
         wrong_answer("all_reduce of loss and learning rate together", sums_the_learning_rate),
         wrong_answer("no broadcast: each rank keeps its own learning rate",
                      keeps_its_own_learning_rate),
-        wrong_answer("the ranks agree on the smallest learning rate (MIN)",
-                     takes_the_smallest_learning_rate),
-        wrong_answer("the ranks agree on the largest learning rate (MAX)",
-                     takes_the_largest_learning_rate),
         wrong_answer("returns the sum of the losses", returns_the_sum),
         wrong_answer("broadcasts the loss too", broadcasts_the_loss_too),
+        wrong_answer("the course's fixed end_of_epoch, under another name", course_end_of_epoch),
     ],
     lesson13.check_load_data: [
         wrong_answer("the broken run: the barrier only when the file was missing",
                      debugging.load_data_broken),
         wrong_answer("no barrier", no_barrier),
-        wrong_answer("every rank writes the file", every_rank_writes),
         wrong_answer("every rank looks for the file itself", each_rank_looks_for_the_file),
-        wrong_answer("the barrier before the save", barrier_before_saving),
-        wrong_answer("rank 1 polls os.path.exists while rank 0 writes", polls_for_the_file),
-        wrong_answer("polls, then waits a fixed moment", polls_then_waits_a_moment),
-        wrong_answer("retries torch.load until it works", retries_until_it_loads),
     ],
     lesson13.check_step_and_loss: [
         wrong_answer("the broken run: each rank's own loss", debugging.step_and_loss_broken),
@@ -519,6 +532,7 @@ WRONG_ANSWERS = {
         wrong_answer("dist.reduce to rank 0: rank 1 returns its own", reduces_to_rank0),
         wrong_answer("the loss after the optimizer step", loss_after_the_step),
         wrong_answer("the loss averaged before backward", averages_the_loss_before_backward),
+        wrong_answer("the ranks' losses summed, divided by 2", loss_divided_by_two),
     ],
     lesson13.check_hand_ddp_step: [
         wrong_answer("the broken run: the sum of the gradients", debugging.hand_ddp_step_broken),
@@ -526,13 +540,12 @@ WRONG_ANSWERS = {
         wrong_answer("the mean never copied back into .grad", never_copies_back),
         wrong_answer("divided on rank 0 only", averages_on_rank0_only),
         wrong_answer("the learning rate divided instead", halves_the_learning_rate),
+        wrong_answer("the sum divided by 2, the broken run's world size", divides_by_two),
     ],
     lesson13.check_add_noise: [
         wrong_answer("the broken run: the same seed on every rank", debugging.add_noise_broken),
         wrong_answer("torch's global random state", global_random_state),
         wrong_answer("seed + step + rank: pairs collide", seed_plus_step_plus_rank),
-        wrong_answer("1000 * seed + step * world_size + rank: meets at step 500",
-                     seeds_that_meet_at_step_500),
         wrong_answer("100000 * seed + ...: meets at step 50000", seeds_that_meet_at_step_50000),
         wrong_answer("distinct 64-bit seeds, of which torch keeps 32 bits",
                      each_number_its_digits_past_32_bits),

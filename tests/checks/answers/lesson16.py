@@ -404,6 +404,19 @@ class PadsAWholeRowWhenDivisible(FSDPUnit):
     __init__ = _pad_a_whole_row_when_divisible
 
 
+class KeepsAViewOfTheWhole(FSDPUnit):
+    """The right values, but the shard is a slice of the whole padded tensor: a view that keeps
+    all of it alive on every rank."""
+
+    def __init__(self, module, next_unit=None):
+        super().__init__(module, next_unit)
+        world_size = dist.get_world_size()
+        padded = torch.nn.functional.pad(self.flat.detach(), (0, -self.flat.numel() % world_size))
+        size = padded.numel() // world_size
+        self.shard = torch.nn.Parameter(padded[dist.get_rank() * size:][:size],
+                                        requires_grad=self.requires_grad)
+
+
 class ShardsWithoutPadding(FSDPUnit):
     """Floor division: the last few parameters belong to no shard."""
 
@@ -443,5 +456,6 @@ WRONG_ANSWERS = {
         wrong_answer("pads a whole extra row when the size divides", PadsAWholeRowWhenDivisible),
         wrong_answer("shards without padding (floor division)", ShardsWithoutPadding),
         wrong_answer("the course's FSDPUnit under another name", TheCoursesUnitUnderAnotherName),
+        wrong_answer("the shard a view of the whole padded tensor", KeepsAViewOfTheWhole),
     ],
 }

@@ -134,6 +134,19 @@ class RowWithInPlaceAllReduce(nn.Module):
 
 
 # wrong answers
+class ColumnKeepingViews(nn.Module):
+    """Right values, but each slice a view of the whole layer's weight: every rank keeps it all."""
+
+    def __init__(self, linear):
+        super().__init__()
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        self.weight = nn.Parameter(linear.weight.detach().chunk(world_size, 0)[rank])
+        self.bias = nn.Parameter(linear.bias.detach().chunk(world_size, 0)[rank])
+
+    def forward(self, x):
+        return F.linear(Copy.apply(x), self.weight, self.bias)
+
+
 # the column layer's dL/dx not summed over the ranks: identity both ways
 ColumnWithoutBackwardAllReduce = partial(Column, sum_input_grad=False)
 
@@ -348,6 +361,8 @@ WRONG_ANSWERS = {
         wrong_answer("the bias added on every rank before the all-reduce", Column, RowAddingBiasBeforeTheSum),
         wrong_answer("the column layer split along its input features", ColumnSplitByInputs, Row),
         wrong_answer("the column layer's rows dealt like cards", ColumnDealtRowByRow, Row),
+        wrong_answer("the column layer's slices are views of the whole weight", ColumnKeepingViews,
+                     Row),
         wrong_answer("the course's ColumnParallelLinear", CoursesColumn, Row),
         wrong_answer("a subclass of the course's ColumnParallelLinear, every method rewritten",
                      ColumnOnTheCoursesClass, Row),
