@@ -14,7 +14,9 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-# Step 2: import what DDP needs; torch.distributed.nn before init_process_group (a clean shutdown)
+# Step 2: import what DDP needs
+# (not a step: imported before init_process_group, torch.distributed.nn keeps no reference to the
+# group; a workaround for a detail of torch 2.13, see course_lib/runtime/rank/script_end.py)
 import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -129,9 +131,9 @@ def main():
     try:
         train(args, distributed, rank, world_size, device)
     finally:
-        # Step 13: shut down: free the DDP wrapper (gc.collect()), then destroy the process group
+        # Step 13: shut down: destroy the process group
         if distributed:
-            gc.collect()
+            gc.collect()  # not a step: frees the DDP wrapper's reference cycle first (script_end.py)
             dist.destroy_process_group()
 
 
