@@ -3,7 +3,8 @@
 Each lesson's first cell states "about N minutes (R reading and running, E for the exercises)";
 `python -m course_lib pacing` prints what this model gives for each solution notebook (`--write`
 restates the first cells; then build-lessons), and tests/authoring/test_pacing.py fails when a first
-cell or the README's total says otherwise.
+cell or the README's total says otherwise. A section whose `## ` heading says "(optional)" is extra
+practice outside the timed path, and is not counted.
 """
 import re
 from dataclasses import dataclass
@@ -20,12 +21,14 @@ EXERCISE_MINUTES = {"FILL-IN": 5, "MEASURE": 10, "DIAGNOSE": 12, "BUILD": 15}
 EXERCISE_SIZE = {"check_capstone": 3,  # the capstone converts a whole script: three builds' worth
                  "check_fsdp_unit": 2}  # six hooks of one unit, a prefetch among them
 PAUSE_OVER_MINUTES = 90       # a longer lesson says where to pause
+OPTIONAL = "(optional)"       # in a `## ` heading: a section outside the lesson's timed path
 
 # Seconds each solution took to execute on 2 CPU cores (run-solutions, 2026-11-26, this course's CI
 # machine with other work beside it): waiting for cells is part of reading and running.
 MEASURED_RUN_SECONDS = {"00": 32, "01": 18, "02": 36, "03": 44, "04": 88, "05": 41, "06": 43,
                         "07": 27, "08": 53, "09": 36, "10": 60, "11": 29, "12": 78, "13": 97,
-                        "14": 230, "15": 40, "16": 36, "17": 34}
+                        "14": 230, "15": 49, "16": 36, "17": 34,
+                        "18": 25}
 
 # What each exercise asks of the learner (its grader's name): fill in a given recipe, build a
 # mechanism, measure this machine, or diagnose a broken run they were not told the cause of.
@@ -35,7 +38,7 @@ EXERCISE_KINDS = {
     "check_scatter_batch": "BUILD", "check_gather_outputs": "BUILD",
     "check_data_parallel_gradients": "BUILD",
     "check_collective_puzzle": "FILL-IN", "check_ring_all_reduce": "BUILD",
-    "check_measure_alpha_beta": "MEASURE",
+    "check_measure_alpha_beta": "MEASURE", "check_global_loss": "BUILD",
     "check_broadcast_parameters": "FILL-IN", "check_train_step_by_hand": "FILL-IN",
     "check_indices_for_rank": "BUILD", "check_hidden_share": "BUILD",
     "check_best_bucket_cap": "MEASURE",
@@ -44,12 +47,14 @@ EXERCISE_KINDS = {
     "check_atomic_save": "BUILD", "check_resume": "BUILD", "check_prune_checkpoints": "BUILD",
     "check_log_mean_loss": "DIAGNOSE", "check_wrap_model": "DIAGNOSE",
     "check_indices_per_epoch": "DIAGNOSE", "check_save_checkpoint": "DIAGNOSE",
-    "check_scaling_efficiency": "MEASURE", "check_all_reduce_seconds": "FILL-IN",
+    "check_replica_health": "BUILD",
+    "check_scaling_efficiency": "MEASURE", "check_communication_share": "MEASURE",
     "check_accumulation_plan": "FILL-IN",
     "check_loader_measurement": "MEASURE", "check_fast_loader": "BUILD",
-    "check_largest_batch": "MEASURE", "check_zero_bytes_per_parameter": "BUILD",
+    "check_distributed_evaluation": "BUILD",
+    "check_largest_batch": "MEASURE", "check_held_bytes": "MEASURE",
     "check_recipes_that_fit": "BUILD",
-    "check_global_rank": "FILL-IN", "check_ranks_on_my_node": "BUILD",
+    "check_global_rank": "BUILD", "check_ranks_on_my_node": "BUILD",
     "check_health_check": "MEASURE",
     "check_end_of_epoch": "DIAGNOSE", "check_load_data": "DIAGNOSE",
     "check_step_and_loss": "DIAGNOSE", "check_hand_ddp_step": "DIAGNOSE",
@@ -58,6 +63,7 @@ EXERCISE_KINDS = {
     "check_overlapping_ddp": "BUILD", "check_plan_buckets": "BUILD", "check_bucketed_ddp": "BUILD",
     "check_sharded_optimizer": "BUILD", "check_gather_full": "BUILD", "check_fsdp_unit": "BUILD",
     "check_tensor_parallel": "BUILD", "check_sequence_parallel": "BUILD",
+    "check_one_f_one_b": "BUILD", "check_idle_share": "MEASURE",
 }
 STATED = re.compile(r"(?i)(about\**\s+)(\d+)( minutes\**(?::|\s*\()\s*)(\d+)"
                     r"( (?:to read and run|reading and running)[^,]*,\s*)(\d+)( for)")
@@ -91,8 +97,10 @@ class Pace:
 
 def pace(path: Path) -> Pace:
     """The model's count of a solution notebook: prose and code a learner reads (not the exercise
-    regions, which the learner writes, nor check cells), code cells run, exercises by kind."""
-    cells = [cell for cell in nbformat.read(path, as_version=4).cells if not is_solution_only(cell)]
+    regions, which the learner writes, nor check cells), code cells run, exercises by kind; an
+    optional section is left out (_timed_path)."""
+    cells = _timed_path([cell for cell in nbformat.read(path, as_version=4).cells
+                         if not is_solution_only(cell)])
     words = sum(len(re.findall(r"[A-Za-z0-9_']+", cell.source)) for cell in cells
                 if cell.cell_type == "markdown")
     code = [cell for cell in cells if cell.cell_type == "code" and not is_check_cell(cell)]
@@ -103,6 +111,20 @@ def pace(path: Path) -> Pace:
     if lesson.minutes > PAUSE_OVER_MINUTES:
         lesson.pause_before = _middle_section(cells)
     return lesson
+
+
+def _timed_path(cells) -> list:
+    """The cells but those of optional sections: a section whose `## ` heading says "(optional)",
+    from the markdown cell that opens with that heading to the next cell that opens with a `## `
+    heading. An extra for those who want more practice is not part of the lesson's length."""
+    kept, optional = [], False
+    for cell in cells:
+        opening = cell.source.lstrip().splitlines()[0] if cell.source.strip() else ""
+        if cell.cell_type == "markdown" and opening.startswith("## "):
+            optional = OPTIONAL in opening.lower()
+        if not optional:
+            kept.append(cell)
+    return kept
 
 
 def _middle_section(cells) -> str:
