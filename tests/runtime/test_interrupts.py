@@ -40,6 +40,17 @@ def _interrupt_in_after_fork_hook():
 os.register_at_fork(after_in_parent=_interrupt_in_after_fork_hook)
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises_keyboard_interrupt():
+    """Each test sends SIGINT as a learner's stop button does, to a process where Ctrl-C raises
+    KeyboardInterrupt (a kernel, a terminal). A process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then installs no handler: there a
+    stop would be lost whenever the launcher is not holding SIGINT itself."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupting_first(function):
     """`function`, sending SIGINT to this process before its first call runs."""
     sent = []
