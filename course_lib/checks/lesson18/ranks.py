@@ -4,23 +4,20 @@ rank returns its stage's gradients, which the grader compares with one process's
 import torch
 from torch import nn
 
+from ...topics.from_scratch.pipeline import Stage, blocks as course_blocks, mean_squared_error as loss_fn
+
 WIDTH, ROWS = 8, 4  # a micro-batch: ROWS samples of WIDTH features
 
 
 def blocks(stages: int, seed: int):
     """The whole model, one block a stage: Linear and Tanh."""
-    torch.manual_seed(seed)
-    return [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(stages)]
+    return course_blocks(stages, WIDTH, seed=seed)
 
 
 def batches(microbatches: int, seed: int):
     generator = torch.Generator().manual_seed(seed + 1)
     inputs = [torch.randn(ROWS, WIDTH, generator=generator) for _ in range(microbatches)]
     return inputs, [torch.randn(ROWS, WIDTH, generator=generator) for _ in range(microbatches)]
-
-
-def loss_fn(output, target):
-    return ((output - target) ** 2).mean()
 
 
 def one_process(stages: int, microbatches: int, seed: int):
@@ -36,8 +33,6 @@ def gradients_on_rank(orders, microbatches: int, seed: int):
     Schedule1F1B ran the same step."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    from ...topics.from_scratch.pipeline import Stage
 
     rank, stages = dist.get_rank(), dist.get_world_size()
     inputs, targets = batches(microbatches, seed)

@@ -56,7 +56,6 @@ class Stage:
         self.is_first, self.is_last = self.index == 0, self.index == self.stages - 1
         self.saved = {}      # micro-batch -> (input, output or loss): what its backward needs
         self.sending = []    # isend handles, waited for at the end of the step
-        self.losses = {}     # the last stage's loss of each micro-batch (undivided)
 
     def forward(self, i: int, inputs=None, target=None, loss_fn=None, microbatches: int = 1) -> None:
         if self.is_first:
@@ -65,9 +64,7 @@ class Stage:
             x = self._receive(self.index - 1).requires_grad_()
         output = self.module(x)
         if self.is_last:
-            loss = loss_fn(output, target)
-            self.losses[i] = loss.detach()
-            output = loss / microbatches
+            output = loss_fn(output, target) / microbatches
         else:
             self.sending.append(dist.isend(output.detach().contiguous(), self.index + 1))
         self.saved[i] = (x, output)
@@ -117,18 +114,21 @@ def idle_shares(records) -> dict:
     return {rank: 1 - seconds / step for rank, seconds in sorted(busy.items())}
 
 
-def _blocks(stages: int, width: int, layers: int, seed: int = 0) -> List[nn.Module]:
+def blocks(stages: int, width: int, layers: int = 1, seed: int = 0) -> List[nn.Module]:
+    """A model cut into `stages` blocks, each `layers` Linear+Tanh of `width`, seeded."""
     torch.manual_seed(seed)
     return [nn.Sequential(*[module for _ in range(layers) for module in (nn.Linear(width, width), nn.Tanh())])
             for _ in range(stages)]
 
 
-def _steps_on_rank(schedule, microbatch_counts, repeats, rows, width, layers):
-    import torch.distributed as dist
+def mean_squared_error(output, target):
+    return ((output - target) ** 2).mean()
 
+
+def _steps_on_rank(schedule, microbatch_counts, repeats, rows, width, layers):
     rank, stages = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)  # one core a rank: the stages' speeds must not depend on the other
-    block = _blocks(stages, width, layers)[rank]
+    block = blocks(stages, width, layers)[rank]
     generator = torch.Generator().manual_seed(1)
     measured = {}
     for _ in range(repeats + 1):  # the first round warms up, and is left out
@@ -137,7 +137,7 @@ def _steps_on_rank(schedule, microbatch_counts, repeats, rows, width, layers):
             targets = [torch.randn(rows, width, generator=generator) for _ in range(m)]
             dist.barrier()
             stage = Stage(block, torch.Size([rows, width]))
-            records = stage.run(schedule(rank, stages, m), inputs, targets, lambda o, y: ((o - y) ** 2).mean())
+            records = stage.run(schedule(rank, stages, m), inputs, targets, mean_squared_error)
             block.zero_grad()
             measured.setdefault(m, []).append(records)
     return {m: steps[1:] for m, steps in measured.items()}
