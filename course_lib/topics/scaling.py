@@ -22,7 +22,7 @@ from ..training.data import make_dataset
 from ..runtime.shared.env import choose_start_method, cpu_cores, device_for_rank, threads_per_rank
 from ..runtime.launcher.launch import launch
 from ..training.models import make_model
-from .timing import Timing, clock_now, seal, sealed_here, synchronize
+from .timing import Timing, clock_now, seal, sealed_here, spread, synchronize
 from .traffic import count_traffic
 
 __all__ = ["SCALINGS", "speedup", "efficiency", "amdahl_speedup", "fit_amdahl",
@@ -265,13 +265,6 @@ def paired_ratios(runs: dict, world_size: int, scaling: str = "strong") -> list:
     _check_scaling(scaling)
     work = world_size if scaling == "weak" else 1
     return [work * one / many for one, many in zip(runs[1], runs[world_size])]
-
-
-def spread(values, interval=(10, 90)):
-    """(median, low, high): the median and the `interval` percentiles (numpy's, linear);
-    interval=(0, 100) gives the minimum and the maximum."""
-    low, high = np.percentile(np.asarray(values, dtype=np.float64), interval)
-    return float(np.median(values)), float(low), float(high)
 
 
 def median_interval(values, confidence: float = 0.9):

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+import numpy as np
 import torch
 
 
@@ -78,14 +79,19 @@ def uninterrupted_seconds(fn: Callable[[], object], repeats: int = 20, warmup: i
     return kept
 
 
+def spread(values, interval=(10, 90)):
+    """(median, low, high): the median and the `interval` percentiles (numpy's, linear);
+    interval=(0, 100) gives the minimum and the maximum."""
+    low, high = np.percentile(np.asarray(values, dtype=np.float64), interval)
+    return float(np.median(values)), float(low), float(high)
+
+
 def describe_us(microseconds: List[float]) -> str:
     """'median X µs (p10 A, p90 B)' of some microseconds; 'none' for none."""
     if not microseconds:
         return "none"
-    deciles = (statistics.quantiles(microseconds, n=10, method="inclusive")
-               if len(microseconds) > 1 else microseconds * 9)
-    return (f"median {statistics.median(microseconds):.0f} µs "
-            f"(p10 {deciles[0]:.0f}, p90 {deciles[-1]:.0f})")
+    median, p10, p90 = spread(microseconds)
+    return f"median {median:.0f} µs (p10 {p10:.0f}, p90 {p90:.0f})"
 
 
 @dataclass
