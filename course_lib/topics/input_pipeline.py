@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from ..training.data import make_dataset
-from .timing import clock_now, seal, sealed_here
+from .timing import clock_now, seal, sealed_here, spread
 
 READ_SECONDS = 0.001  # per sample: like reading a file; a sleep frees the CPU and the GIL
 NEIGHBOURS = 8
@@ -100,11 +100,10 @@ class DataWait(dict):
     def recorded_here(self) -> bool:
         return sealed_here(self, self.facts())
 
-    def wait_quantiles(self, quantiles=(0.1, 0.5, 0.9)) -> tuple:
-        """The seconds one step waited for its batch, at each of `quantiles` over the measured
-        steps (nearest rank): by default p10, the median and p90, the spread beside the sum."""
-        waits = sorted(loaded - started for started, loaded, _ in self.steps)
-        return tuple(waits[round(q * (len(waits) - 1))] for q in quantiles)
+    def wait_spread(self, interval=(10, 90)) -> tuple:
+        """(median, p10, p90) of the seconds each measured step waited for its batch (the
+        course's timing.spread; `interval` picks other percentiles): the spread beside the sum."""
+        return spread([loaded - started for started, loaded, _ in self.steps], interval)
 
 
 def measure_data_wait(loader, step, steps: int = 20, warmup: int = 10) -> DataWait:

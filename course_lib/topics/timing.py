@@ -106,11 +106,6 @@ class Timing:
         # The median ignores the odd slow repeat (another process, a page fault); the mean does not.
         return statistics.median(self.seconds)
 
-    @property
-    def spread(self) -> float:
-        """(slowest - fastest) / median: how noisy the repeats were."""
-        return (max(self.seconds) - min(self.seconds)) / self.median
-
 
 def time_it(fn: Callable[[], object], repeats: int = 20, warmup: int = 3,
             device: Optional[torch.device] = None) -> Timing:
