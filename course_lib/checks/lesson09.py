@@ -1,119 +1,158 @@
-"""Graders of lesson 09, scaling: speedup and efficiency measured on 1, 2 and 4 ranks with the
-oversubscribed world sizes flagged, a diagnosis of whether a step is communication-bound from
-paired measurements, and a batch plan.
+"""Graders of lesson 09, scaling: strong scaling's efficiency measured in pairs with the conclusion
+its interval supports, a diagnosis of whether a step is communication-bound from paired
+measurements, and a batch plan.
 
-- scaling efficiency, measured: the learner's strong-scaling runs as measure_scaling recorded them
-  ({world_size: [seconds of each run]}, world sizes 1, 2 and 4), a report {world_size: (speedup,
-  efficiency, oversubscribed)} (speedup from the runs' medians, statistics.median's, within
-  1e-6; oversubscribed when there are more ranks than cpu_cores(); any kind of number and
-  Python's or NumPy's bool) and the best world size that is not oversubscribed. The runs must be
-  a measurement: the record scaling.measure_scaling made in this session, unchanged (every step's
-  seconds of every run, its clocks agreeing with them, its seal: checks/engine/measured.py), of strong
-  scaling. Judged against that record, never against a new run, so no band is needed: the load
-  of a busy machine changes the runs, and an honest report of any run passes; typed-in runs
-  ({1: [1], 2: [.5], 4: [.25]}) or runs converted to milliseconds have no record.
+- scaling efficiency, measured in pairs: the learner's measurement, the SpeedupPairs that
+  scaling.measure_speedup_pairs recorded in this session, unchanged (its seal and its clocks:
+  checks/engine/measured.py), of strong scaling on 2 or more ranks and no more ranks than
+  cpu_cores() (more take turns on the cores), with at least PAIRS pairs; and their
+  efficiency_report(one_rank, ranks, world_size, kind), run on pairs drawn at grading time
+  (grading_seed) and on their own measurement, returning the median of the pair-by-pair
+  efficiencies (speedup t1 / tN, or N t1 / tN under weak scaling, over N), the median's 90%
+  interval (scaling.median_interval) and "faster than 1 rank" (all of it above 1 / N), "slower
+  than 1 rank" (all below) or "undecided"; compared with scaling.pairs_efficiency, which the
+  learner may not call. The cases: load swinging between pairs with one odd pair, weak scaling,
+  4 ranks around 1 rank's speed, and a model too small to split.
 - communication-bound or not: diagnose(with_sync, without_sync), on pairs of step times drawn at
   grading time (grading_seed), returns the median of the pair-by-pair shares (with - without) /
   with, the median's 90% interval (scaling.median_interval, the sign test's), and
   "communication-bound" (all of it above 0.5), "compute-bound" (all below) or "undecided";
-  compared with scaling.communication_share,
-  which the learner may not call. The cases: load swinging between pairs, one odd pair, a
+  compared with scaling.communication_share, which the learner may not call. The cases: load swinging between pairs, one odd pair, a
   share straddling one half, and communication that is 60% of the compute but 37.5% of the step.
 - batch plan for a global batch: (batch_size, grad_accum_steps), whole numbers of any integer
   type, that give exactly the global batch with the fewest micro-batches that fit; a ValueError
   when the ranks cannot share it evenly.
 """
+import functools
 import numbers
-import statistics
 
-import numpy as np
 import torch
 
 from ..runtime.shared.env import cpu_cores
-from ..topics.scaling import ScalingRuns, communication_share
+from ..topics.scaling import SPEEDUP_VERDICTS, SpeedupPairs, communication_share, pairs_efficiency
 from .engine import expect, expect_close, grader
 from .engine.boundary import grading_seed
 from .engine.learner_call import call_learner
 from .engine.measured import expect_recorded
 from .engine.observations import as_plain
 
-# -- Exercise 1: scaling efficiency on this machine (a measurement) ------------------------------
-
-MEASURED_WORLD_SIZES = (1, 2, 4)
-
-@grader("scaling efficiency, measured")
-def check_scaling_efficiency(runs, report, best_world_size, cores=None):
-    cores = cpu_cores() if cores is None else cores
-    medians = _expect_recorded_runs(runs)
-    expect(isinstance(report, dict) and sorted(report) == sorted(medians), "report",
-           f"a dict with one entry per world size you measured, {sorted(medians)}",
-           repr(report)[:120])
-    for world_size in sorted(medians):
-        entry = report[world_size]
-        what = f"report[{world_size}]"
-        expect(isinstance(entry, (tuple, list)) and len(entry) == 3, what,
-               "a triple (speedup, efficiency, oversubscribed)", repr(entry)[:120])
-        speedup = medians[1] / medians[world_size]
-        expect_close(_floats(entry[:2]), (speedup, speedup / world_size),
-                     f"{what}: (speedup, efficiency) from your runs' medians",
-                     f"the medians of your runs give a speedup of {speedup:.4g} on {world_size} "
-                     f"ranks (the same work per step, so faster means larger): compare your "
-                     f"pair with it, and with its share per rank", rtol=1e-6)
-        oversubscribed = entry[2]
-        expect(_is_bool(oversubscribed) and bool(oversubscribed) == (world_size > cores),
-               f"{what}: oversubscribed", f"{world_size > cores} ({world_size} ranks, "
-               f"{cores} CPU cores here)", repr(oversubscribed),
-               "a world size is oversubscribed when it has more ranks than cpu_cores(): the "
-               "ranks take turns on the cores, so its timing measures the machine, not DDP")
-    trusted = [n for n in medians if n <= cores]
-    best = max(trusted, key=lambda n: medians[1] / medians[n])
-    expect(best_world_size == best, "best_world_size",
-           f"{best}: the fastest of the world sizes that are not oversubscribed, {sorted(trusted)}",
-           repr(best_world_size), "pick by speedup, and leave out the oversubscribed world sizes "
-           "however fast they looked: their timing is not meaningful")
-    expect_recorded(runs, ScalingRuns, "strong_runs", "scaling.measure_scaling",
-                    lambda record: sum(sum(timing.seconds) + sum(timing.warmup_seconds)
-                                       for timings in record.timings.values()
-                                       for timing in timings))
-    expect(runs.scaling == "strong", "strong_runs", "a strong-scaling measurement (the same "
-           "global batch on every world size)", f"{runs.scaling} scaling",
-           "pass the strong-scaling runs: speedup = t1 / tN holds for them only")
+PAIRS = 16  # pairs in each case drawn at grading time, and the fewest a measurement may have
 
 
-def _expect_recorded_runs(runs):
-    """{world_size: median seconds} from measure_scaling's result, or a GradingError."""
-    expected = (f"measure_scaling's dict {{world_size: [seconds of each run]}} with the world "
-                f"sizes {list(MEASURED_WORLD_SIZES)}")
+def _uniform(generator, low, high, n=PAIRS):
+    return (low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)).tolist()
+
+
+# -- Exercise 1: strong scaling's efficiency, measured in pairs ----------------------------------
+
+def efficiency_cases(seed):
+    """Pairs of step times (one_rank, ranks, world_size, kind) drawn from `seed` (grading_seed),
+    each a case an efficiency report can get wrong:
+    - strong scaling on 2 ranks at about 1.4x, the load swinging 1-4x from pair to pair and one
+      pair where a burst hit the 2-rank step (a mean of the ratios, or a ratio of the two lists'
+      medians, moves; the median of the pairs' ratios does not);
+    - weak scaling on 2 ranks, each step 1.6 times longer: a speedup of 1.25 counts N's samples;
+    - strong scaling on 4 ranks whose speedups spread around 1: undecided, at an efficiency of
+      about 1/4 (a verdict against one half or 1 is wrong);
+    - a model too small to split, 2 ranks at about 0.3x: slower than 1 rank."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def paired(seconds, ratios, swing, jitter=0.03):
+        loads, shake = _uniform(generator, 1, swing), _uniform(generator, 1 - jitter, 1 + jitter)
+        one_rank = [seconds * load for load in loads]
+        return one_rank, [alone / ratio * wobble for alone, ratio, wobble in
+                          zip(one_rank, ratios, shake)]
+
+    scale = _uniform(generator, 0.5, 2, 4)
+    one_a, ranks_a = paired(8e-3 * scale[0], [1.4] * PAIRS, 4)
+    burst = int(torch.randint(0, PAIRS, (1,), generator=generator))
+    ranks_a[burst] *= 3  # a burst of load slowed one 2-rank sample
+    one_b, ranks_b = paired(5e-3 * scale[1], [1 / 1.6] * PAIRS, 2)  # t1 / tN
+    order = torch.randperm(PAIRS, generator=generator).tolist()  # spread evenly over 0.7-1.3
+    one_c, ranks_c = paired(6e-3 * scale[2], [0.7 + 0.6 * k / (PAIRS - 1) for k in order], 1.5)
+    one_d, ranks_d = paired(0.6e-3 * scale[3], [0.3] * PAIRS, 2, jitter=0.1)
+    return [("strong scaling on 2 ranks, under swinging load", one_a, ranks_a, 2, "strong"),
+            ("weak scaling on 2 ranks", one_b, ranks_b, 2, "weak"),
+            ("strong scaling on 4 ranks, around 1 rank's speed", one_c, ranks_c, 4, "strong"),
+            ("a model too small to split, 2 ranks", one_d, ranks_d, 2, "strong")]
+
+
+def _expect_measured_pairs(pairs, cores):
+    """The learner's measurement is a record of strong scaling on ranks this machine has cores for."""
+    expect_recorded(pairs, SpeedupPairs, "strong_pairs", "scaling.measure_speedup_pairs",
+                    lambda record: record.steps_per_sample * (sum(record.one_rank)
+                                                              + sum(record.ranks)))
+    expect(pairs.scaling == "strong", "strong_pairs", "pairs of strong scaling (the same global "
+           "batch on 1 rank and on N)", f"pairs of {pairs.scaling} scaling",
+           "measure with scaling='strong': the exercise asks whether splitting a batch pays")
+    expect(2 <= pairs.world_size <= cores, "strong_pairs: the world size",
+           f"2 to {cores} ranks (this machine's CPU cores)", f"{pairs.world_size} ranks",
+           "more ranks than cores take turns on the cores: their timing measures the machine, "
+           "not DDP; fewer than 2 have nothing to split")
+    expect(len(pairs.one_rank) >= PAIRS, "strong_pairs: the pairs",
+           f"at least {PAIRS} pairs", f"{len(pairs.one_rank)} pairs",
+           "the median's interval narrows as the pairs grow in number: measure more of them")
+
+
+def _reports(efficiency_report, cases):
+    """On the learner's side: each case's (efficiency, (low, high), verdict) as plain data."""
+    results = []
+    for _, one_rank, ranks, world_size, kind in cases:
+        got = efficiency_report(list(one_rank), list(ranks), world_size, kind)
+        results.append({"shown": repr(got)[:160], "value": as_plain(got)})
+    return results
+
+
+@grader("scaling efficiency, measured in pairs")
+def check_scaling_efficiency(pairs, efficiency_report, cores=None):
+    _expect_measured_pairs(pairs, cpu_cores() if cores is None else cores)
+    cases = efficiency_cases(grading_seed(1)) + [
+        (f"your measurement ({pairs.world_size} ranks)", pairs.one_rank, pairs.ranks,
+         pairs.world_size, pairs.scaling)]
+    results = call_learner(_reports, efficiency_report, cases,
+                           what="efficiency_report(one_rank, ranks, world_size, kind)",
+                           written_by_you=pairs_efficiency)
+    for (name, one_rank, ranks, world_size, kind), result in zip(cases, results):
+        efficiency, (low, high), verdict = pairs_efficiency(one_rank, ranks, world_size, kind)
+        what = f"efficiency_report(...) on {len(one_rank)} pairs ({name})"
+        _expect_report(result, (efficiency, (low, high), verdict), what, "efficiency", (
+            "each pair's speedup is " + ("N t1 / tN (weak scaling: N times the samples)"
+                                          if kind == "weak" else "t1 / tN (strong scaling)")
+            + f", its efficiency that over N = {world_size}; the median of the pairs' "
+            "efficiencies (not a mean, nor a ratio of the two lists' medians: the load changes "
+            "from pair to pair)",
+            "the 90% interval of the median of the pair-by-pair efficiencies "
+            "(scaling.median_interval(efficiencies)): not the minimum and maximum, nor the spread "
+            "of single pairs",
+            f"one of {SPEEDUP_VERDICTS}: N ranks are faster than 1 when the efficiency is above "
+            f"1 / N = {1 / world_size:.3g} (a speedup above 1); say so only when the whole "
+            "interval is on one side, otherwise the measurement cannot tell"))
+
+
+def _expect_report(result, expected, what, quantity, hints):
+    """The learner's (figure, (low, high), verdict) against `expected`, the reference's, part by
+    part; `hints` for the figure, the interval and the verdict."""
+    got = _unpack(result["value"])
+    expect(got is not None, what, f"({quantity}, (low, high), verdict)", result["shown"],
+           f"return the median {quantity}, the median's 90% interval as a pair, and the verdict")
+    expect_close(got[0], expected[0], f"{what}: the {quantity}", hints[0], rtol=1e-6, atol=1e-9)
+    expect_close(got[1:3], expected[1], f"{what}: (low, high)", hints[1], rtol=1e-6, atol=1e-9)
+    expect(got[3] == expected[2], f"{what}: the verdict", repr(expected[2]), repr(got[3]), hints[2])
+
+
+def _unpack(value):
+    """(first, low, high, verdict) from a (number, (low, high), verdict) result, or None."""
     try:
-        medians = {int(n): statistics.median(float(t) for t in values)
-                   for n, values in runs.items()}
-    except (AttributeError, TypeError, ValueError, statistics.StatisticsError):
-        medians = None
-    expect(medians is not None and set(MEASURED_WORLD_SIZES) <= set(medians)
-           and all(t > 0 for t in medians.values()), "strong_runs", expected, repr(runs)[:120],
-           "pass the dict that scaling.measure_scaling returned (strong_runs above)")
-    return medians
-
-
-def _floats(values):
-    return tuple(_as_float(value) for value in values)
-
-
-def _as_float(value):
-    try:
-        return float(value)
+        first, interval, verdict = value
+        low, high = interval
+        return float(first), float(low), float(high), verdict
     except (TypeError, ValueError):
-        return value  # expect_close describes what came back
-
-
-def _is_bool(value):
-    return isinstance(value, (bool, np.bool_))
+        return None
 
 
 # -- Exercise 2: is a step communication-bound? (a diagnosis from paired measurements) ---------
 
 VERDICTS = ("communication-bound", "compute-bound", "undecided")
-PAIRS = 16
 
 
 def share_cases(seed):
@@ -126,9 +165,7 @@ def share_cases(seed):
     - communication 60% of the compute, 37.5% of the step: compute-bound (a share of the
       compute, not of the step, says the opposite)."""
     generator = torch.Generator().manual_seed(seed)
-
-    def uniform(low, high, n=PAIRS):
-        return (low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)).tolist()
+    uniform = functools.partial(_uniform, generator)
 
     def paired(compute, communication, swing, jitter=0.03):
         loads, shake = uniform(1, swing), uniform(1 - jitter, 1 + jitter, 2 * PAIRS)
@@ -162,16 +199,6 @@ def _diagnoses(diagnose, cases):
     return results
 
 
-def _unpack(value):
-    """(share, low, high, verdict) from the learner's result, or None."""
-    try:
-        share, interval, verdict = value
-        low, high = interval
-        return float(share), float(low), float(high), verdict
-    except (TypeError, ValueError):
-        return None
-
-
 @grader("communication-bound or not: a diagnosis")
 def check_communication_share(diagnose):
     cases = share_cases(grading_seed(9))
@@ -181,21 +208,16 @@ def check_communication_share(diagnose):
     for (name, with_sync, without_sync), result in zip(cases, results):
         share, (low, high), verdict = communication_share(with_sync, without_sync)
         what = f"diagnose(...) on {PAIRS} pairs of steps ({name})"
-        got = _unpack(result["value"])
-        expect(got is not None, what, "(share, (low, high), verdict)", result["shown"],
-               "return the median share, its 10th and 90th percentiles as a pair, and the verdict")
-        expect_close(got[0], share, f"{what}: the share",
-                     "each pair's share is (with - without) / with, the communication's part of "
-                     "that pair's whole step; the median of those shares (pair the steps: the "
-                     "load changes from pair to pair)", rtol=1e-6, atol=1e-9)
-        expect_close(got[1:3], (low, high), f"{what}: (low, high)",
-                     "the 90% interval of the median of the pair-by-pair shares "
-                     "(scaling.median_interval(shares)): not the minimum and maximum, which one "
-                     "odd pair moves, nor the spread of single pairs", rtol=1e-6, atol=1e-9)
-        expect(got[3] == verdict, f"{what}: the verdict", repr(verdict), repr(got[3]),
-               f"one of {VERDICTS}: communication-bound only when the whole interval is above "
-               "one half, compute-bound only when it is all below; otherwise the measurement "
-               "cannot tell")
+        _expect_report(result, (share, (low, high), verdict), what, "share", (
+            "each pair's share is (with - without) / with, the communication's part of that "
+            "pair's whole step; the median of those shares (pair the steps: the load changes "
+            "from pair to pair)",
+            "the 90% interval of the median of the pair-by-pair shares "
+            "(scaling.median_interval(shares)): not the minimum and maximum, which one odd pair "
+            "moves, nor the spread of single pairs",
+            f"one of {VERDICTS}: communication-bound only when the whole interval is above one "
+            "half, compute-bound only when it is all below; otherwise the measurement cannot "
+            "tell"))
 
 
 # -- Exercise 3: a batch plan for a target global batch --------------------------------------------

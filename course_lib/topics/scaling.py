@@ -30,7 +30,8 @@ __all__ = ["SCALINGS", "speedup", "efficiency", "amdahl_speedup", "fit_amdahl",
            "time_ddp_steps", "measure_step_seconds", "ScalingRuns", "measure_scaling",
            "median_of_runs", "paired_ratios", "spread", "SyncCost", "time_sync_cost",
            "measure_sync_cost", "communication_share", "SpeedupPairs", "time_speedup_pairs",
-           "measure_speedup_pairs", "median_interval", "rank_threads", "cpu_cores"]  # cpu_cores: more ranks than cores oversubscribe them
+           "measure_speedup_pairs", "median_interval", "SPEEDUP_VERDICTS", "pairs_efficiency",
+           "rank_threads", "cpu_cores"]  # cpu_cores: more ranks than cores oversubscribe them
 
 SCALINGS = ("strong", "weak")
 
@@ -337,16 +338,30 @@ def time_sync_cost(batch_size: int, hidden: int = 32, pairs: int = 16, warmup: i
 class SpeedupPairs:
     """Pairs of steps timed back to back in the same processes: `one_rank[i]`, a plain model
     training alone in every process (twins, the 1-rank baseline), and `ranks[i]`, the DDP step
-    on `world_size` ranks; the slowest process's seconds per step. `speedups()`: pair by pair."""
+    on `world_size` ranks; the slowest process's seconds per step, each the mean of
+    `steps_per_sample` steps. `speedups()`: pair by pair. measure_speedup_pairs adds its record:
+    `clock` (clock_now() at the start and at the end) and a seal; `recorded_here()` says whether
+    it made this one in this session, unchanged."""
 
     one_rank: List[float]
     ranks: List[float]
     world_size: int
     scaling: str
+    batch_size: int = 0
+    steps_per_sample: int = 1
+    clock: tuple = ()
+    seal: str = ""
 
     def speedups(self) -> list:
         work = self.world_size if self.scaling == "weak" else 1
         return [work * one / many for one, many in zip(self.one_rank, self.ranks)]
+
+    def facts(self) -> tuple:
+        return (list(self.one_rank), list(self.ranks), self.world_size, self.scaling,
+                self.batch_size, self.steps_per_sample, tuple(self.clock))
+
+    def recorded_here(self) -> bool:
+        return sealed_here(self, self.facts())
 
 
 def time_speedup_pairs(batch_size: int, scaling: str = "strong", hidden: int = 32,
@@ -384,16 +399,39 @@ def time_speedup_pairs(batch_size: int, scaling: str = "strong", hidden: int = 3
             synchronize(device)
             samples[key].append((time.perf_counter() - start) / steps_per_sample)
     one_rank, ranks = (_slowest_rank(samples[key][warmup:], device) for key in (False, True))
-    return SpeedupPairs(one_rank, ranks, world_size, scaling)
+    return SpeedupPairs(one_rank, ranks, world_size, scaling, batch_size, steps_per_sample)
 
 
 def measure_speedup_pairs(world_size: int, batch_size: int, scaling: str = "strong",
                           hidden: int = 32, pairs: int = 16, steps_per_sample: int = 2,
                           backend=None, timeout: float = 120) -> SpeedupPairs:
-    """Launch `world_size` fresh ranks and run time_speedup_pairs on them; rank 0's result."""
-    return launch(time_speedup_pairs, batch_size, scaling, hidden=hidden, pairs=pairs,
-                  steps_per_sample=steps_per_sample, nprocs=world_size, backend=backend,
-                  timeout=timeout, output="none")[0]
+    """Launch `world_size` fresh ranks and run time_speedup_pairs on them; rank 0's result,
+    with its record: the clock around the launch, and a seal."""
+    started = clock_now()
+    measured = launch(time_speedup_pairs, batch_size, scaling, hidden=hidden, pairs=pairs,
+                      steps_per_sample=steps_per_sample, nprocs=world_size, backend=backend,
+                      timeout=timeout, output="none")[0]
+    measured.clock = (started, clock_now())
+    measured.seal = seal(measured.facts())
+    return measured
+
+
+SPEEDUP_VERDICTS = ("faster than 1 rank", "slower than 1 rank", "undecided")
+
+
+def pairs_efficiency(one_rank, ranks, world_size: int, scaling: str = "strong"):
+    """(efficiency, (low, high), verdict) from pairs of steps (SpeedupPairs' lists): each pair's
+    speedup (t1 / tN, or N t1 / tN under weak scaling) over `world_size`, the median of those
+    efficiencies and its 90% interval (median_interval); "faster than 1 rank" when the whole
+    interval is above 1 / N (a speedup above 1), "slower than 1 rank" when it is all below,
+    "undecided" when it straddles 1 / N. (Exercise 1's reference.)"""
+    _check_scaling(scaling)
+    work = world_size if scaling == "weak" else 1
+    efficiencies = [work * one / many / world_size for one, many in zip(one_rank, ranks)]
+    low, high = median_interval(efficiencies)
+    verdict = (SPEEDUP_VERDICTS[0] if low > 1 / world_size
+               else SPEEDUP_VERDICTS[1] if high < 1 / world_size else SPEEDUP_VERDICTS[2])
+    return statistics.median(efficiencies), (low, high), verdict
 
 
 def measure_sync_cost(world_size: int, batch_size: int, hidden: int = 32, pairs: int = 16,

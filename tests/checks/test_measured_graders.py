@@ -1,24 +1,22 @@
-"""The MEASURE graders of lessons 01, 03, 09 and 12 judge real measurements of this machine.
+"""The MEASURE graders of lessons 01, 03 and 09 judge real measurements of this machine.
 
 Their correct answers need a real measurement, made when the test runs (a `MeasuredHere`): the
 lists of lessons 01 and 03 are below (THROUGHPUT_ALTERNATIVES, ALPHA_BETA_ALTERNATIVES), and those
-of 09 and 12 use the measuring helpers here; tests/checks/answers/lessonNN.py lists them all.
+of 09 use the measuring helpers here (lesson 12's: test_lesson12_health.py); tests/checks/answers/lessonNN.py lists them all.
 The tests here show each grader rejecting, on a real measurement, the mistake it names (a fit
 that predicts the times badly, a unit slip, a converted record) and accepting the legitimate
 answers that an older grader rejected (a fit in log space).
 """
 import functools
 import statistics
-import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from course_lib import launch
-from course_lib.checks import lesson01, lesson03, lesson09, lesson12
+from course_lib.checks import lesson01, lesson03, lesson09
 from course_lib.checks.engine import GradingError, passed_line
-from course_lib.runtime.shared.env import cpu_cores
 from course_lib.topics import cost_model, scaling
 
 pytestmark = [pytest.mark.timeout(300),
@@ -57,18 +55,9 @@ def all_reduce_sweep():
 
 
 @functools.lru_cache(maxsize=None)
-def strong_runs():
-    with warnings.catch_warnings():  # 4 ranks on 2 cores: oversubscribed, as the lesson's
-        warnings.simplefilter("ignore")
-        return scaling.measure_scaling([1, 2, 4], 64, "strong", runs=2, hidden=32, steps=3,
-                                       warmup=1, backend="gloo", timeout=120)
-
-
-def health_rows(health_check, nprocs):
-    with warnings.catch_warnings():  # 4 ranks on 2 cores: oversubscribed, right all the same
-        warnings.simplefilter("ignore")
-        return launch(health_check, [2**16, 2**20, 2**22], nprocs=nprocs, backend="gloo",
-                      timeout=120, output="none")[0]
+def speedup_pairs():
+    return scaling.measure_speedup_pairs(2, 64, "strong", hidden=32, pairs=16, backend="gloo",
+                                         timeout=120)
 
 
 # -- lesson 01 -----------------------------------------------------------------------------------
@@ -219,27 +208,15 @@ def test_a_converted_or_copied_sweep_is_no_measurement():
 
 # -- lesson 09 -----------------------------------------------------------------------------------
 
-def test_runs_converted_to_milliseconds_are_no_measurement():
-    from answers.lesson09 import reference_report  # it imports this module: here, not above
+def test_pairs_converted_to_milliseconds_are_no_measurement():
+    from dataclasses import asdict, replace
 
-    runs = strong_runs()
-    converted = scaling.ScalingRuns({n: [t * 1e3 for t in values] for n, values in runs.items()})
-    vars(converted).update(vars(runs))
-    _, report, best = reference_report(converted, cores=cpu_cores())
+    pairs = speedup_pairs()
+    assert pairs.recorded_here() and pairs.world_size == 2 and len(pairs.ranks) == 16
+    converted = replace(pairs, one_rank=[t * 1e3 for t in pairs.one_rank],
+                        ranks=[t * 1e3 for t in pairs.ranks])
     with pytest.raises(GradingError, match="changed since it was measured"):
-        lesson09.check_scaling_efficiency(converted, report, best)
-    plain = dict(runs)
+        lesson09.check_scaling_efficiency(converted, scaling.pairs_efficiency)
     with pytest.raises(GradingError, match="without the raw timings"):
-        lesson09.check_scaling_efficiency(plain, report, best)
+        lesson09.check_scaling_efficiency(asdict(pairs), scaling.pairs_efficiency)
 
-
-# -- lesson 12 -----------------------------------------------------------------------------------
-
-def test_rows_without_the_factor_pass_on_two_ranks_and_fail_the_check_on_three():
-    from answers.lesson12 import health_without_the_factor  # it imports this module: here, not above
-
-    rows = health_rows(health_without_the_factor, 2)
-    assert all(bus == nbytes / seconds for nbytes, seconds, bus in rows)  # 2 (N - 1) / N = 1
-    with pytest.raises(GradingError, match=r"on 3 ranks: the bus bandwidth[\s\S]*0.75 times"):
-        lesson12.check_health_check(health_without_the_factor, rows,
-                                    max(bus for _, _, bus in rows), 2)

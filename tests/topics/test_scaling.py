@@ -1,6 +1,7 @@
 """course_lib.topics.scaling: speedup and efficiency, Amdahl's law and its fit, the step-time model,
 batch plans, spreads and the median's interval, the communication share's verdict, the published
 sweeps, and timing real steps on 1 and 2 ranks (twins, pairs, with and without the all-reduce)."""
+import dataclasses
 import math
 
 import numpy as np
@@ -12,7 +13,8 @@ from course_lib.topics.scaling import (accumulation_plan, all_reduce_seconds, am
                                        communication_share, efficiency, fit_amdahl,
                                        measure_scaling, measure_speedup_pairs, measure_step_seconds,
                                        measure_sync_cost, median_interval, median_of_runs,
-                                       paired_ratios, predict_step_seconds, speedup, spread)
+                                       paired_ratios, pairs_efficiency, predict_step_seconds,
+                                       speedup, spread)
 from course_lib.topics.timing import Timing
 
 
@@ -163,6 +165,24 @@ def test_communication_share_decides_only_when_the_interval_is_on_one_side(share
     assert got == verdict
 
 
+@pytest.mark.parametrize("speedups, world_size, kind, verdict", [
+    ([1.3, 1.5, 1.4, 1.6, 1.2, 1.45], 2, "strong", "faster than 1 rank"),  # efficiency above 1/2
+    ([0.65, 0.75, 0.7, 0.8, 0.6, 0.72], 2, "weak", "faster than 1 rank"),  # 2 t1 / tN above 1
+    ([0.8, 1.2, 0.9, 1.1, 1.3, 0.7], 4, "strong", "undecided"),  # the interval straddles 1/4
+    ([0.3, 0.35, 0.25, 0.4, 0.3, 0.2], 2, "strong", "slower than 1 rank"),
+])
+def test_pairs_efficiency_compares_the_median_interval_with_one_over_n(speedups, world_size, kind,
+                                                                       verdict):
+    one_rank = [1e-3 * (k + 1) for k in range(len(speedups))]  # the load changes from pair to pair
+    ranks = [alone / ratio for alone, ratio in zip(one_rank, speedups)]  # ratio: t1 / tN
+    work = world_size if kind == "weak" else 1
+    efficiencies = [work * ratio / world_size for ratio in speedups]
+    efficiency, (low, high), got = pairs_efficiency(one_rank, ranks, world_size, kind)
+    assert efficiency == pytest.approx(np.median(efficiencies))
+    assert (low, high) == pytest.approx(median_interval(efficiencies))  # 6 pairs: min and max
+    assert got == verdict
+
+
 def test_the_published_sweeps_fit_the_ring_model_within_a_factor_of_two():
     for cluster, sweep in PUBLISHED_ALL_REDUCE.items():
         sizes, seconds = published_seconds(cluster)
@@ -183,6 +203,8 @@ def test_twins_train_alone_and_pairs_and_sync_costs_come_back_per_pair():
     pairs = measure_speedup_pairs(2, 32, "weak", pairs=4, backend="gloo", timeout=60)
     assert len(pairs.one_rank) == len(pairs.ranks) == 4 and pairs.scaling == "weak"
     assert pairs.speedups() == pytest.approx([2 * a / b for a, b in zip(pairs.one_rank, pairs.ranks)])
+    assert pairs.recorded_here() and (pairs.batch_size, pairs.steps_per_sample) == (32, 2)
+    assert not dataclasses.replace(pairs, ranks=pairs.ranks[::-1]).recorded_here()  # changed since
     cost = measure_sync_cost(2, 16, pairs=6, backend="gloo", timeout=60)
     assert len(cost.with_sync) == len(cost.without_sync) == 6
     # the course model's step is mostly its all-reduce's latency: with it, a step takes longer

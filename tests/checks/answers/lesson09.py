@@ -1,38 +1,45 @@
 """Lesson 09's graders against answers: correct ones written differently from the solution
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
+import dataclasses
 import itertools
 import math
 import statistics
+import time
 
 import numpy as np
 
 from course_lib.checks import lesson09
-from course_lib.runtime.shared.env import cpu_cores
-from course_lib.topics.scaling import median_interval
-from test_measured_graders import measured_answer, strong_runs
+from course_lib.topics.scaling import SpeedupPairs, median_interval
+from course_lib.topics.timing import seal
+from test_measured_graders import measured_answer, speedup_pairs
 
 from . import answer, wrong_answer
 
 
-def scaling_report_with_numpy():
-    runs = strong_runs()
-    medians = {n: np.median(values) for n, values in runs.items()}  # numpy floats
-    cores = cpu_cores()
-    report = {n: [medians[1] / t, medians[1] / t / n, np.bool_(n > cores)]
-              for n, t in medians.items()}
-    best = max((n for n in report if not report[n][2]), key=lambda n: report[n][0])
-    return runs, report, best
+def report_from_speedups(one_rank, ranks, world_size, kind):
+    work = world_size if kind == "weak" else 1
+    speedups = np.array(one_rank) * work / np.array(ranks)  # numpy: the interval of the speedup
+    low, high = np.array(median_interval(speedups)) / world_size
+    if low * world_size > 1:
+        verdict = "faster than 1 rank"
+    elif high * world_size < 1:
+        verdict = "slower than 1 rank"
+    else:
+        verdict = "undecided"
+    return np.median(speedups) / world_size, [low, high], verdict
 
 
-def scaling_report_from_throughputs():
-    runs, cores = strong_runs(), cpu_cores()
-    samples_per_second = {n: 1 / statistics.median(values) for n, values in runs.items()}
-    report = {}
-    for n in sorted(runs):
-        speedup = samples_per_second[n] / samples_per_second[1]
-        report[n] = (speedup, speedup / n, n > cores)
-    trusted = {n: report[n][0] for n in report if n <= cores}
-    return runs, report, sorted(trusted, key=trusted.get)[-1]
+def report_with_the_sign_test_by_hand(one_rank, ranks, world_size, kind):
+    factor = (world_size if kind == "weak" else 1) / world_size
+    efficiencies = sorted(factor * alone / many for alone, many in zip(one_rank, ranks))
+    n, k, below = len(efficiencies), 0, 0.0
+    while below + math.comb(n, k) / 2 ** n <= 0.05:  # the sign test's interval, by hand
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    low, high = efficiencies[k - 1], efficiencies[n - k]
+    verdicts = {(True, False): "faster than 1 rank", (False, True): "slower than 1 rank"}
+    return (statistics.median(efficiencies), (low, high),
+            verdicts.get((low > 1 / world_size, high < 1 / world_size), "undecided"))
 
 
 def diagnose_with_its_own_interval(with_sync, without_sync):
@@ -82,8 +89,10 @@ def plan_from_divisors(global_batch_size, max_batch_size, world_size):
 
 ALTERNATIVES = {
     lesson09.check_scaling_efficiency: [  # real measurements, made when the test runs
-        measured_answer("numpy medians and bools, lists", scaling_report_with_numpy),
-        measured_answer("from throughputs, the best by sorting", scaling_report_from_throughputs),
+        measured_answer("numpy speedups over N, a list", lambda: (speedup_pairs(),
+                                                                  report_from_speedups)),
+        measured_answer("the sign test by hand", lambda: (speedup_pairs(),
+                                                          report_with_the_sign_test_by_hand)),
     ],
     lesson09.check_communication_share: [
         answer("the sign test's interval by hand, a list", diagnose_with_its_own_interval),
@@ -98,38 +107,88 @@ ALTERNATIVES = {
 
 # Wrong answers
 
-# Strong scaling as measure_scaling recorded it on a busy 2-core machine: three runs per world
-# size, and 4 ranks (oversubscribed there) faster than 2 in two runs, as neighbours make happen.
-RECORDED_RUNS = {1: [17.9e-3, 12.0e-3, 10.2e-3], 2: [8.2e-3, 7.9e-3, 8.7e-3],
-                 4: [6.5e-3, 11.9e-3, 5.9e-3]}
+# Pairs as measure_speedup_pairs records them on a busy 2-core machine (strong scaling at about
+# 1.4x, the load swinging from pair to pair), sealed as it seals them: a record made here.
+LOADS = [1.0, 2.6, 1.3, 3.1, 1.1, 1.8, 2.2, 1.0, 3.8, 1.5, 1.2, 2.9, 1.6, 1.1, 2.4, 1.9]
+RATIOS = [1.42, 1.35, 1.51, 1.28, 1.47, 0.61, 1.39, 1.44, 1.33, 1.52, 1.40, 1.37, 1.46, 1.30,
+          1.43, 1.38]  # pair 5: a burst of load hit the 2-rank step
 
 
-def reference_report(runs=RECORDED_RUNS, cores=2):
-    """(runs, report, best_world_size), right for `runs`: each wrong answer below changes one."""
-    medians = {n: statistics.median(values) for n, values in runs.items()}
-    report = {n: (medians[1] / t, medians[1] / t / n, n > cores) for n, t in medians.items()}
-    best = max((n for n in medians if n <= cores), key=lambda n: medians[1] / medians[n])
-    return runs, report, best
+def recorded_pairs(scaling="strong", world_size=2, pairs=16, **fields):
+    one_rank = [6e-3 * load for load in LOADS[:pairs]]
+    measured = SpeedupPairs(one_rank, [t / ratio for t, ratio in zip(one_rank, RATIOS)],
+                            world_size, scaling, batch_size=2048, steps_per_sample=5)
+    now = (time.time(), time.perf_counter())
+    measured.clock = ((now[0] - 5, now[1] - 5), now)
+    measured.seal = seal(measured.facts())
+    return dataclasses.replace(measured, **fields)
 
 
-def with_report(change):
-    runs, report, best = reference_report()
-    return runs, {n: change(n, *entry) for n, entry in report.items()}, best
+def _verdict_against(low, high, threshold):
+    return ("faster than 1 rank" if low > threshold else "slower than 1 rank" if high < threshold
+            else "undecided")
 
 
-def mean_of_runs():
-    means = {n: sum(values) / len(values) for n, values in RECORDED_RUNS.items()}
-    report = {n: (means[1] / t, means[1] / t / n, n > 2) for n, t in means.items()}
-    return RECORDED_RUNS, report, 2
+def _efficiencies(one_rank, ranks, world_size, kind):
+    work = world_size if kind == "weak" else 1
+    return [work * alone / many / world_size for alone, many in zip(one_rank, ranks)]
 
 
-def best_including_oversubscribed():
-    runs, report, _ = reference_report()
-    return runs, report, 4
+def _report(efficiencies, world_size, center=statistics.median, interval=median_interval):
+    low, high = interval(efficiencies)
+    return center(efficiencies), (low, high), _verdict_against(low, high, 1 / world_size)
 
 
-def speedup_upside_down():
-    return with_report(lambda n, speedup, efficiency, flag: (1 / speedup, 1 / speedup / n, flag))
+def mean_of_the_ratios(one_rank, ranks, world_size, kind):
+    return _report(_efficiencies(one_rank, ranks, world_size, kind), world_size,
+                   center=statistics.mean)
+
+
+def ratio_of_the_medians(one_rank, ranks, world_size, kind):
+    work = world_size if kind == "weak" else 1
+    efficiency = work * statistics.median(one_rank) / statistics.median(ranks) / world_size
+    low, high = median_interval(_efficiencies(one_rank, ranks, world_size, kind))
+    return efficiency, (low, high), _verdict_against(low, high, 1 / world_size)
+
+
+def speedup_inverted(one_rank, ranks, world_size, kind):
+    return _report(_efficiencies(ranks, one_rank, world_size, kind), world_size)
+
+
+def world_size_left_out(one_rank, ranks, world_size, kind):
+    speedups = [alone / many for alone, many in zip(one_rank, ranks)]  # neither N t1 nor / N
+    low, high = median_interval(speedups)
+    return statistics.median(speedups), (low, high), _verdict_against(low, high, 1)
+
+
+def weak_scaling_without_n(one_rank, ranks, world_size, kind):
+    return _report(_efficiencies(one_rank, ranks, world_size, "strong"), world_size)
+
+
+def verdict_against_one(one_rank, ranks, world_size, kind):
+    efficiency, (low, high), _ = _report(_efficiencies(one_rank, ranks, world_size, kind), world_size)
+    return efficiency, (low, high), _verdict_against(low, high, 1.0)  # "efficiency above 100%"
+
+
+def verdict_from_the_median_speedup(one_rank, ranks, world_size, kind):
+    efficiency, interval, _ = _report(_efficiencies(one_rank, ranks, world_size, kind), world_size)
+    return efficiency, interval, ("faster than 1 rank" if efficiency * world_size > 1
+                                  else "slower than 1 rank")
+
+
+def efficiency_min_and_max(one_rank, ranks, world_size, kind):
+    return _report(_efficiencies(one_rank, ranks, world_size, kind), world_size,
+                   interval=lambda values: (min(values), max(values)))
+
+
+def the_librarys_report(one_rank, ranks, world_size, kind):
+    from course_lib.topics import scaling
+
+    return scaling.pairs_efficiency(one_rank, ranks, world_size, kind)
+
+
+def report_stub(one_rank, ranks, world_size, kind):
+    raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
 def _verdict(low, high):
@@ -219,24 +278,36 @@ def plan_stub(global_batch_size, max_batch_size, world_size):
 
 WRONG_ANSWERS = {
     lesson09.check_scaling_efficiency: [
-        wrong_answer("speedup tN / t1, upside down", *speedup_upside_down(), cores=2),
-        wrong_answer("efficiency not divided by N",
-                     *with_report(lambda n, speedup, efficiency, flag: (speedup, speedup, flag)),
-                     cores=2),
-        wrong_answer("flags no world size as oversubscribed",
-                     *with_report(lambda n, speedup, efficiency, flag: (speedup, efficiency,
-                                                                        False)), cores=2),
-        wrong_answer("means of the runs, where the check asks for medians", *mean_of_runs(),
-                     cores=2),
-        wrong_answer("picks the oversubscribed 4 ranks because they looked fastest",
-                     *best_including_oversubscribed(), cores=2),
-        wrong_answer("a report of made-up times, not the recorded runs",
-                     {1: [0.01], 2: [0.005]}, reference_report()[1], 2, cores=2),
-        wrong_answer("made up: {1: [1], 2: [.5], 4: [.25]}, reported right",
-                     *reference_report({1: [1], 2: [.5], 4: [.25]}), cores=2),
-        wrong_answer("wrong unit: the runs in milliseconds, reported right",
-                     *reference_report({n: [t * 1e3 for t in runs]
-                                        for n, runs in RECORDED_RUNS.items()}), cores=2),
+        wrong_answer("the mean of the pairs' efficiencies", recorded_pairs(), mean_of_the_ratios),
+        wrong_answer("the ratio of the two lists' medians, unpaired", recorded_pairs(),
+                     ratio_of_the_medians),
+        wrong_answer("speedup tN / t1, upside down", recorded_pairs(), speedup_inverted),
+        wrong_answer("the world size left out: the speedup reported as the efficiency",
+                     recorded_pairs(), world_size_left_out),
+        wrong_answer("weak scaling's N times the samples left out", recorded_pairs(),
+                     weak_scaling_without_n),
+        wrong_answer("faster only when the efficiency is above 1, not 1 / N", recorded_pairs(),
+                     verdict_against_one),
+        wrong_answer("a verdict from the median alone, where the interval straddles 1 / N",
+                     recorded_pairs(), verdict_from_the_median_speedup),
+        wrong_answer("the minimum and maximum for the interval", recorded_pairs(),
+                     efficiency_min_and_max),
+        wrong_answer("calls the library's pairs_efficiency", recorded_pairs(), the_librarys_report),
+        wrong_answer("the unfinished stub", recorded_pairs(), report_stub),
+        wrong_answer("the pairs typed in, not measured",
+                     SpeedupPairs(*dataclasses.astuple(recorded_pairs())[:6]), report_from_speedups),
+        wrong_answer("the measured pairs converted to milliseconds",
+                     recorded_pairs(one_rank=[t * 1e3 for t in recorded_pairs().one_rank],
+                                    ranks=[t * 1e3 for t in recorded_pairs().ranks]),
+                     report_from_speedups),
+        wrong_answer("the pairs' lists passed as a dict", vars(recorded_pairs()),
+                     report_from_speedups),
+        wrong_answer("pairs of weak scaling, where the exercise measures strong",
+                     recorded_pairs("weak"), report_from_speedups),
+        wrong_answer("2 ranks on a machine of 1 core: oversubscribed", recorded_pairs(),
+                     report_from_speedups, cores=1),
+        wrong_answer("8 pairs: too few for the median's interval", recorded_pairs(pairs=8),
+                     report_from_speedups),
     ],
     lesson09.check_communication_share: [
         wrong_answer("the communication as a share of the compute, not of the step",
