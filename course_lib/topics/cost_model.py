@@ -1,5 +1,6 @@
 """The alpha-beta cost model of communication: a message of n bytes takes alpha + n * beta
-seconds (alpha: latency, beta: seconds per byte); measuring, fitting, and bus bandwidth.
+seconds (alpha: latency, beta: seconds per byte); measuring, fitting, and bus bandwidth; a health
+check (lesson 12) that compares an all-reduce's bus bandwidth with what one link of the ring carries.
 
     ring all-reduce:   2 (N - 1) alpha + 2 (N - 1) / N * n * beta
     naive all-reduce:  2 (N - 1) (alpha + n * beta)       (all through rank 0's link)
@@ -28,7 +29,8 @@ from .timing import clock_now, seal, sealed_here, synchronize
 __all__ = ["AllReduceSweep", "ring_all_reduce_time", "naive_all_reduce_time", "tree_all_reduce_time",
            "ring_all_reduce_bytes", "ring_broadcast_bytes", "data_parallel_device0_bytes",
            "fit_alpha_beta", "algorithm_bandwidth", "bus_bandwidth", "measure_all_reduce",
-           "PUBLISHED_ALL_REDUCE", "PUBLISHED_SOURCE", "published_seconds"]
+           "PUBLISHED_ALL_REDUCE", "PUBLISHED_SOURCE", "published_seconds", "HEALTHY_SHARE",
+           "measure_ring_link", "all_reduce_health"]
 
 
 def ring_all_reduce_time(nbytes, world_size, alpha, beta):
@@ -153,11 +155,6 @@ class AllReduceSweep(list):
             return False
 
 
-# The sweeps measure_all_reduce returned in this process, newest last (a grader that runs a
-# learner's function in a rank reads which sweep it made).
-recent_sweeps = []
-
-
 def measure_all_reduce(sizes_bytes, repeats=20, warmup=5, dtype=torch.float32, device=None):
     """Time dist.all_reduce inside a rank; returns [(nbytes, seconds), ...], equal on all ranks
     (an AllReduceSweep, which keeps each repeat's time and its clock: the record of a measurement).
@@ -189,7 +186,6 @@ def measure_all_reduce(sizes_bytes, repeats=20, warmup=5, dtype=torch.float32, d
     results.repeats, results.world_size = raw, dist.get_world_size()
     results.backend, results.clock = str(dist.get_backend()), (started, clock_now())
     results.seal = seal(results.facts())
-    recent_sweeps[:] = recent_sweeps[-63:] + [results]
     return results
 
 
@@ -227,3 +223,70 @@ def published_seconds(cluster: str):
 
 PUBLISHED_SOURCE = ("github.com/stas00/ml-engineering, network/benchmarks/README.md at commit "
                     "0cc3de5 (all_reduce_bench.py's tables)")
+
+
+# A health check (lesson 12): an all-reduce's bus bandwidth against what one link of the ring carries.
+HEALTHY_SHARE = 0.5  # healthy: the best bus bandwidth reaches at least half of the expected figure
+
+
+def measure_ring_link(nbytes, repeats=5, warmup=2, dtype=torch.float32, device=None):
+    """Inside a rank: bytes per second on one link of a ring while every rank sends `nbytes` to the
+    next rank and receives as many from the one before, as each step of a ring all-reduce does:
+    nbytes / the median over `repeats` of the slowest rank's time. Call it on every rank (2 or more)."""
+    device = _device_of_backend(device)
+    outgoing = torch.zeros(int(nbytes) // torch.empty((), dtype=dtype).element_size(), dtype=dtype,
+                           device=device)
+    incoming = torch.empty_like(outgoing)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    exchange = [dist.P2POp(dist.isend, outgoing, (rank + 1) % world_size),  # one batch: no deadlock,
+                dist.P2POp(dist.irecv, incoming, (rank - 1) % world_size)]   # on NCCL too (its docstring)
+    times = []
+    for repeat in range(warmup + repeats):
+        dist.barrier()
+        synchronize(device)
+        start = time.perf_counter()
+        for request in dist.batch_isend_irecv(exchange):
+            request.wait()
+        synchronize(device)
+        if repeat >= warmup:
+            times.append(time.perf_counter() - start)
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return outgoing.numel() * outgoing.element_size() / statistics.median(slowest.tolist())
+
+
+def all_reduce_health(sizes_bytes, expected_bus_bandwidth, repeats=5, warmup=2):
+    """Inside a rank: the course's health check. For each size, `warmup` all-reduces left out, then
+    `repeats` timed ones, the ranks lined up by a barrier before each, each repeat's time the
+    slowest rank's; {"rows": [{nbytes, times, seconds (their median), algorithm_bandwidth,
+    bus_bandwidth}], "best_bus_bandwidth", "healthy": best >= HEALTHY_SHARE x expected}."""
+    device, rows = _device_of_backend(None), []
+    for size in sizes_bytes:
+        tensor = torch.zeros(int(size) // 4, device=device)  # float32
+        for _ in range(warmup):
+            dist.all_reduce(tensor)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            synchronize(device)
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        slowest = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        nbytes, seconds = tensor.numel() * tensor.element_size(), statistics.median(slowest.tolist())
+        rows.append(dict(nbytes=nbytes, times=slowest.tolist(), seconds=seconds,
+                         algorithm_bandwidth=algorithm_bandwidth(nbytes, seconds),
+                         bus_bandwidth=bus_bandwidth(nbytes, seconds, dist.get_world_size())))
+    best = max(row["bus_bandwidth"] for row in rows)
+    return {"rows": rows, "best_bus_bandwidth": best,
+            "healthy": best >= HEALTHY_SHARE * expected_bus_bandwidth}
+
+
+def _device_of_backend(device):
+    if device is not None:
+        return torch.device(device)
+    if dist.get_backend() == "nccl":  # NCCL only moves tensors on GPUs
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,11 +1,13 @@
 """Lesson 12's graders against answers: correct ones written differently from the solution
 (ALTERNATIVES, each must pass) and plausible wrong ones (WRONG_ANSWERS, each must be rejected)."""
+import functools
 import os
+import statistics
+import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from test_measured_graders import health_rows, measured_answer
 
 from course_lib.checks import lesson12
 from course_lib.topics import cost_model
@@ -50,24 +52,80 @@ def ranks_on_my_node_from_local_ranks():
     return tuple(np.arange(first, first + int(os.environ["LOCAL_WORLD_SIZE"])))  # numpy ints
 
 
-def health_as_lists(sizes_bytes):
-    world_size = dist.get_world_size()
-    return [[nbytes, seconds, 2 * nbytes * (world_size - 1) / (world_size * seconds)]
-            for nbytes, seconds in cost_model.measure_all_reduce(sizes_bytes, 5, 2)]
+def health_check(sizes_bytes, expected_bus_bandwidth, warmup=2, repeats=5, barrier=True,
+                 slowest=True, count_bytes=True, factor=lambda n: 2 * (n - 1) / n,
+                 element_bytes=4, bus=None, healthy=None):
+    """The solution's health check; each keyword turns one part into a mistake a learner makes."""
+    world_size, rows = dist.get_world_size(), []
+    for size in sizes_bytes:
+        tensor = torch.zeros(size // element_bytes)
+        for _ in range(warmup):
+            dist.all_reduce(tensor)
+        times = []
+        for _ in range(repeats):
+            if barrier:
+                dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            times.append(time.perf_counter() - start)
+        times = torch.tensor(times, dtype=torch.float64)
+        if slowest:
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        seconds = statistics.median(times.tolist())
+        nbytes = tensor.numel() * tensor.element_size() if count_bytes else tensor.numel()
+        rows.append(dict(nbytes=nbytes, times=times.tolist(), seconds=seconds,
+                         algorithm_bandwidth=nbytes / seconds,
+                         bus_bandwidth=bus or nbytes / seconds * factor(world_size)))
+    best = max(row["bus_bandwidth"] for row in rows)
+    verdict = best >= 0.5 * expected_bus_bandwidth if healthy is None else healthy
+    return {"rows": rows, "best_bus_bandwidth": best, "healthy": verdict}
 
 
-def health_from_the_cost_model(sizes_bytes):
-    world_size = dist.get_world_size()
-    return tuple((nbytes, seconds, cost_model.bus_bandwidth(nbytes, seconds, world_size))
-                 for nbytes, seconds in cost_model.measure_all_reduce(sizes_bytes, repeats=3))
+def health_check_monotonic(sizes_bytes, expected_bus_bandwidth):
+    # time.monotonic, every rank's times gathered, the mean of the middle 3 of 5, numpy numbers
+    world_size, rows = dist.get_world_size(), []
+    for size in sizes_bytes:
+        tensor = torch.ones(size // 4, dtype=torch.float32)
+        dist.all_reduce(tensor)  # warm-up
+        mine = []
+        for _ in range(5):
+            dist.barrier()
+            start = time.monotonic()
+            dist.all_reduce(tensor)
+            mine.append(time.monotonic() - start)
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, mine)
+        times = np.max(np.array(everyone), axis=0)  # each repeat's slowest rank
+        seconds = np.sort(times)[1:-1].mean()
+        nbytes = np.int64(tensor.nbytes)
+        rows.append({"nbytes": nbytes, "times": times, "seconds": seconds,
+                     "algorithm_bandwidth": nbytes / seconds,
+                     "bus_bandwidth": nbytes / seconds * 2 * (world_size - 1) / world_size})
+    best = max(row["bus_bandwidth"] for row in rows)
+    return {"rows": rows, "best_bus_bandwidth": best, "healthy": bool(best >= expected_bus_bandwidth / 2)}
 
 
-def health_answer(health_check, nprocs):
-    """The arguments of check_health_check, with rows measured when the test runs."""
-    def arguments():
-        rows = health_rows(health_check, nprocs)
-        return health_check, rows, np.max([row[2] for row in rows]), nprocs
-    return arguments
+def health_check_lined_up_by_an_all_reduce(sizes_bytes, expected_bus_bandwidth):
+    # perf_counter_ns, a one-element all-reduce as the line-up, 1 warm-up and 7 repeats, tensors back
+    world_size, rows = dist.get_world_size(), []
+    for size in sizes_bytes:
+        tensor = torch.zeros(size // 4)
+        dist.all_reduce(tensor)
+        times = torch.zeros(7, dtype=torch.float64)
+        for repeat in range(7):
+            dist.all_reduce(torch.zeros(1))  # every rank arrives before the clock starts
+            start = time.perf_counter_ns()
+            dist.all_reduce(tensor)
+            times[repeat] = (time.perf_counter_ns() - start) / 1e9
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        seconds = times.median()
+        nbytes = tensor.numel() * tensor.element_size()
+        algorithm = cost_model.algorithm_bandwidth(nbytes, seconds)
+        rows.append(dict(nbytes=nbytes, times=times, seconds=seconds, algorithm_bandwidth=algorithm,
+                         bus_bandwidth=cost_model.bus_bandwidth(nbytes, seconds, world_size)))
+    best = torch.stack([row["bus_bandwidth"] for row in rows]).max()
+    return {"rows": rows, "best_bus_bandwidth": best,
+            "healthy": bool(best >= cost_model.HEALTHY_SHARE * expected_bus_bandwidth)}
 
 
 ALTERNATIVES = {
@@ -81,20 +139,14 @@ ALTERNATIVES = {
                ranks_on_my_node_from_local_ranks),
     ],
     lesson12.check_health_check: [
-        measured_answer("lists, a numpy float", health_answer(health_as_lists, 2)),
-        measured_answer("the cost model's bus_bandwidth, a tuple, 4 ranks",
-                        health_answer(health_from_the_cost_model, 4)),
+        answer("time.monotonic, all_gather_object, the mean of the middle repeats, numpy",
+               health_check_monotonic),
+        answer("perf_counter_ns, an all-reduce as the line-up, tensors", health_check_lined_up_by_an_all_reduce),
     ],
 }
 
 
 # Wrong answers
-
-# A health check as this lesson's cell records one on 2 CPU ranks: (nbytes, seconds, bus bytes/s)
-RECORDED_HEALTH = [(nbytes, seconds, nbytes / seconds) for nbytes, seconds in
-                   [(2**16, 744e-6), (2**18, 506e-6), (2**20, 640e-6), (2**22, 2.219e-3),
-                    (2**24, 17.271e-3)]]  # 2 (N - 1) / N = 1 on 2 ranks
-
 
 def _env(name):
     return int(os.environ[name])
@@ -159,44 +211,26 @@ def ranks_of_the_whole_job():
     return list(range(dist.get_world_size()))
 
 
-def _rows(sizes_bytes, row):
-    """Inside a rank: row(nbytes, seconds, world_size) for each size measure_all_reduce timed."""
-    world_size = dist.get_world_size()
-    return [row(nbytes, seconds, world_size)
-            for nbytes, seconds in cost_model.measure_all_reduce(sizes_bytes, repeats=5, warmup=2)]
+def health_of_the_course(sizes_bytes, expected_bus_bandwidth):
+    return cost_model.all_reduce_health(sizes_bytes, expected_bus_bandwidth)
 
 
-def reference_health_check(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s * 2 * (N - 1) / N))
+def health_from_measure_all_reduce(sizes_bytes, expected_bus_bandwidth):
+    world_size, rows = dist.get_world_size(), []
+    sweep = cost_model.measure_all_reduce(sizes_bytes, repeats=5, warmup=2)
+    for (nbytes, seconds), times in zip(sweep, sweep.repeats):
+        rows.append(dict(nbytes=nbytes, times=times, seconds=seconds, algorithm_bandwidth=nbytes / seconds,
+                         bus_bandwidth=cost_model.bus_bandwidth(nbytes, seconds, world_size)))
+    best = max(row["bus_bandwidth"] for row in rows)
+    return {"rows": rows, "best_bus_bandwidth": best, "healthy": best >= 0.5 * expected_bus_bandwidth}
 
 
-def health_without_the_factor(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s))
+def health_stub(sizes_bytes, expected_bus_bandwidth):
+    raise NotImplementedError("Exercise: write this part, then run the check cell below")
 
 
-def health_without_the_2(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s * (N - 1) / N))
-
-
-def health_in_gigabytes_per_second(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s, n / s * 2 * (N - 1) / N / 1e9))
-
-
-def health_in_microseconds(sizes_bytes):
-    return _rows(sizes_bytes, lambda n, s, N: (n, s * 1e6, n / (s * 1e6) * 2 * (N - 1) / N))
-
-
-def health_typed_in(sizes_bytes):
-    world_size = dist.get_world_size()
-    return [(nbytes, 1e-3, nbytes / 1e-3 * 2 * (world_size - 1) / world_size)
-            for nbytes in sizes_bytes]
-
-
-def _health(health_check=reference_health_check, rows=RECORDED_HEALTH, best=None):
-    return health_check, rows, max(bus for _, _, bus in rows) if best is None else best, 2
-
-
-TYPED_IN_HEALTH = [(nbytes, nbytes / 100e9, 100e9) for nbytes in (2**18, 2**20, 2**22)]
+def _wrong_health(**mistake):
+    return functools.partial(health_check, **mistake)
 
 
 WRONG_ANSWERS = {
@@ -216,17 +250,18 @@ WRONG_ANSWERS = {
         wrong_answer("every rank of the job", ranks_of_the_whole_job),
     ],
     lesson12.check_health_check: [
-        wrong_answer("algorithm bandwidth (no factor): right on 2 ranks only",
-                     *_health(health_without_the_factor)),
-        wrong_answer("(N - 1) / N without the 2", *_health(health_without_the_2)),
-        wrong_answer("wrong unit: bus bandwidth in GB/s", *_health(health_in_gigabytes_per_second)),
-        wrong_answer("wrong unit: seconds in microseconds", *_health(health_in_microseconds)),
-        wrong_answer("made up: rows typed in by the function, nothing timed",
-                     *_health(health_typed_in)),
-        wrong_answer("made up: recorded rows of 100 GB/s, far from this machine",
-                     *_health(rows=TYPED_IN_HEALTH)),
-        wrong_answer("the bus bandwidth of the largest message, not the best",
-                     *_health(best=RECORDED_HEALTH[-1][2])),
-        wrong_answer("a health check of small messages only", *_health(rows=RECORDED_HEALTH[:2])),
+        wrong_answer("the first (warm-up) call timed", _wrong_health(warmup=0)),
+        wrong_answer("no barrier before the clock starts", _wrong_health(barrier=False)),
+        wrong_answer("rank 0's time, not the slowest rank's", _wrong_health(slowest=False)),
+        wrong_answer("the bus factor (N - 1) / N", _wrong_health(factor=lambda n: (n - 1) / n)),
+        wrong_answer("the bus factor 2 / N: right on 2 ranks only", _wrong_health(factor=lambda n: 2 / n)),
+        wrong_answer("bytes counted as numel", _wrong_health(count_bytes=False)),
+        wrong_answer("tensors of size elements, not bytes", _wrong_health(element_bytes=1)),
+        wrong_answer("a hard-coded bus bandwidth (100 Gb/s)", _wrong_health(bus=12.5e9)),
+        wrong_answer("always healthy", _wrong_health(healthy=True)),
+        wrong_answer("the course's measure_all_reduce in place of its own timing",
+                     health_from_measure_all_reduce),
+        wrong_answer("the course's all_reduce_health", health_of_the_course),
+        wrong_answer("the stub", health_stub),
     ],
 }
