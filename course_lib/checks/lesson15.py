@@ -14,11 +14,13 @@ random weights.
   DDPFromScratch does not count.
 - the bucket plan: the parameters that need a gradient, each once, from the last registered to
   the first, a new bucket whenever the next gradient would take the current one past
-  bucket_cap_mb MiB (2**20 bytes); a bucket may fill the cap exactly; a gradient larger than the
-  cap gets a bucket of its own. The plan is the learner's own: a call of the course's
+  bucket_cap_mb MiB (2**20 bytes; a gradient's bytes are its elements times their size: one
+  case is bfloat16); a bucket may fill the cap exactly; a gradient larger than the cap gets a
+  bucket of its own. The plan is the learner's own: a call of the course's
   assign_buckets does not count.
 - DDP with buckets: the same rules, with one all-reduce per bucket of the plan, in the plan's
-  order, each started when its last gradient is ready.
+  order, each started when its last gradient is ready; on 3 ranks the hidden layers run in
+  another order than registered, so a bucket's gradients do not arrive in the plan's order.
 
 Each run of the learner's code is a crossing (engine/boundary.py): the ranks return what they saw
 (gradient_sync.train_on_rank), the plan crosses as parameter names, and every comparison is made
@@ -40,18 +42,25 @@ from ..topics.from_scratch.ddp import DDPFromScratch
 LAUNCH_TIMEOUT_S = 90
 WORLD_SIZES = (2, 3)
 BUCKET_CAPS_MB = {2: 0.001, 3: 0.003}  # per world size: many small buckets, then two
+USED_ORDER = {3: (1, 0, 2)}  # on 3 ranks the forward runs hidden layer 1 first: gradients come out
+# of the plan's order, and only a bucket that counts its gradients launches when all are in
 SAME_COLLECTIVES = ("every rank must start the same all-reduces in the same order, with tensors of "
                     "the same shape: a rank that waits for a gradient that never comes (one that "
                     "needs no gradient) hangs the others")
 TIED = "embed.weight (the tied weight: embed and head hold the same tensor)"
+OUT_OF_ORDER = ("here the hidden layers run in another order than they are registered (1, 0, 2), so "
+                "a bucket's gradients are not ready in the plan's order: launch a bucket when all of "
+                "its gradients are in (count them), not when a given one of them arrives")
 
 
-def _run(ddp_class, ddp_kwargs, world_size, what, data_seed):
+def _run(ddp_class, ddp_kwargs, world_size, what, data_seed, used_order=None):
     """What each rank saw (gradient_sync.train_on_rank: events, counts, weights; plain data): the
     grader's functions below compare it, here, with one process and with what the rules expect."""
     results = run_on_ranks(train_on_rank, ddp_class, ddp_kwargs, nprocs=world_size, what=what,
                            timeout=LAUNCH_TIMEOUT_S, hang_hint=SAME_COLLECTIVES,
-                           written_by_you=(DDPFromScratch.__init__,), data_seed=data_seed)
+                           **({"crash_hint": OUT_OF_ORDER} if used_order else {}),
+                           written_by_you=(DDPFromScratch.__init__,), data_seed=data_seed,
+                           used_order=used_order)
     called = results[0].get("library_calls")
     expect(not called, what, "your own class", "a class built on course_lib.topics.from_scratch's "
            "DDPFromScratch", library_call_hint("DDPFromScratch", "this exercise"))
@@ -179,10 +188,10 @@ def _initial_weights():
     return parameters_to_vector(TiedNet(seed=0).parameters()).detach()
 
 
-def _judge(ddp_class, ddp_kwargs, world_size, expected_sizes, ordered, what):
+def _judge(ddp_class, ddp_kwargs, world_size, expected_sizes, ordered, what, used_order=None):
     data_seed = grading_seed(DATA_SEED)  # the batches; the model (TiedNet, rank r's seed r) is fixed
-    oracle = one_process(data_seed=data_seed)  # first: the ranks then fork with torch.optim imported
-    results = _run(ddp_class, ddp_kwargs, world_size, what, data_seed)
+    oracle = one_process(data_seed=data_seed, used_order=used_order)  # first: the ranks then fork
+    results = _run(ddp_class, ddp_kwargs, world_size, what, data_seed, used_order)
     _judge_broadcast(results, what)
     _judge_sizes(results, expected_sizes, what, ordered)
     _judge_overlap(results, what, len(expected_sizes))
@@ -214,7 +223,9 @@ def expected_plan(parameters, bucket_cap_mb):
 
 
 EXACT_FIT_MB = (1024 + 64) / 2**20  # a hidden layer's weight and bias fill it to the byte
-PLAN_CASES = ((3, 0.001), (3, 0.003), (5, 0.0043), (3, 0.0002), (3, 25), (3, EXACT_FIT_MB))
+F32 = torch.float32
+PLAN_CASES = ((3, 0.001, F32), (3, 0.003, F32), (5, 0.0043, F32), (3, 0.0002, F32), (3, 25, F32),
+              (3, EXACT_FIT_MB, F32), (3, 0.002, torch.bfloat16))  # bfloat16: 2 bytes an element
 PLAN_SEED = 0
 
 
@@ -223,7 +234,7 @@ def plan_cases() -> tuple:
     draw = torch.Generator().manual_seed(grading_seed(PLAN_SEED))
     hidden_layers = int(torch.randint(2, 6, (), generator=draw))
     cap_bytes = int(torch.randint(1024, 7 * 1024, (), generator=draw)) // 4 * 4
-    return PLAN_CASES + ((hidden_layers, cap_bytes / 2**20),)
+    return PLAN_CASES + ((hidden_layers, cap_bytes / 2**20, F32),)
 
 
 def _named_plan(plan_buckets, parameters, cap, names):
@@ -239,11 +250,12 @@ def _named_plan(plan_buckets, parameters, cap, names):
 
 @grader("the bucket plan")
 def check_plan_buckets(plan_buckets):
-    for hidden_layers, cap in plan_cases():
-        model = TiedNet(hidden_layers=hidden_layers)
+    for hidden_layers, cap, dtype in plan_cases():
+        model = TiedNet(hidden_layers=hidden_layers).to(dtype)
         names = {id(p): name for name, p in model.named_parameters()}
         expected = expected_plan(list(model.parameters()), cap)
-        call = f"plan_buckets(TiedNet(hidden_layers={hidden_layers}).parameters(), {cap})"
+        model_call = f"TiedNet(hidden_layers={hidden_layers})" + ("" if dtype == F32 else f".to({dtype})")
+        call = f"plan_buckets({model_call}.parameters(), {cap})"
         kind, got_names = call_learner(
             lambda parameters, cap, names=names: _named_plan(plan_buckets, parameters, cap, names),
             model.parameters(), cap, what=call, written_by_you=assign_buckets,
@@ -251,15 +263,19 @@ def check_plan_buckets(plan_buckets):
         if kind != "buckets":
             raise GradingError(call, "a list of buckets, each a list of parameters", got_names)
         want = [[names[id(p)] for p in bucket] for bucket in expected]
-        expect(got_names == want, call, str(want), str(got_names), _plan_hint(got_names, want, cap))
+        expect(got_names == want, call, str(want), str(got_names), _plan_hint(got_names, want, cap, dtype))
 
 
-def _plan_hint(got, want, cap):
+def _plan_hint(got, want, cap, dtype=F32):
     flat_got, flat_want = [n for b in got for n in b], [n for b in want for n in b]
     if any(name.startswith("frozen") for name in flat_got):
         return "the frozen layer needs no gradient: it has none to all-reduce"
     if flat_got == flat_want[::-1] or flat_got == list(reversed(flat_want)):
         return "backward() computes the last layers' gradients first: walk the parameters backwards"
+    if flat_got == flat_want and dtype != F32:
+        return (f"the right order, cut in other places: these parameters are {dtype}, "
+                f"{torch.finfo(dtype).bits // 8} bytes an element: a gradient's bytes are "
+                f"numel() * element_size(), not numel() * 4")
     if flat_got == flat_want:
         return (f"the right order, cut in other places: a bucket holds at most {cap} MiB "
                 f"({cap * 2**20:.0f} bytes: 4 bytes a float32 element), up to the last byte, "
@@ -271,8 +287,9 @@ def _plan_hint(got, want, cap):
 @grader("DDP with buckets")
 def check_bucketed_ddp(BucketedDDP):
     for world_size in WORLD_SIZES:
-        cap = BUCKET_CAPS_MB[world_size]
+        cap, used_order = BUCKET_CAPS_MB[world_size], USED_ORDER.get(world_size)
         plan = expected_plan(list(TiedNet().parameters()), cap)
         sizes = [sum(p.numel() for p in bucket) for bucket in plan]
         _judge(BucketedDDP, {"bucket_cap_mb": cap}, world_size, sizes, True,
-               f"BucketedDDP(bucket_cap_mb={cap}) on {world_size} ranks")
+               f"BucketedDDP(bucket_cap_mb={cap}) on {world_size} ranks" + (
+                   f", hidden layers run in the order {used_order}" if used_order else ""), used_order)

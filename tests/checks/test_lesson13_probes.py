@@ -22,7 +22,8 @@ from course_lib import launch
 from course_lib.checks import lesson13
 from course_lib.checks.engine import GradingError, boundary
 from course_lib.checks.lesson13 import noise_probe
-from course_lib.checks.lesson13.epoch_end import EPOCH_LOSSES, LEARNING_RATES, epoch_inputs
+from course_lib.checks.lesson13.epoch_end import (EPOCH_LOSSES, LEARNING_RATES, WIDER_LOSSES, WIDER_RATES,
+                                                  epoch_inputs)
 from course_lib.checks.lesson13.slow_disk import (WRITE_SECONDS, ReadTooEarly, slow_disk,
                                                   what_was_loaded)
 from course_lib.topics import debugging
@@ -140,7 +141,7 @@ def test_every_rank_writing_is_seen_when_rank_0_starts_late():
 @pytest.mark.parametrize("wrong", [takes_the_smallest_learning_rate, takes_the_largest_learning_rate],
                          ids=lambda fn: fn.__name__)
 def test_ranks_made_to_agree_on_another_rate_than_rank_0s_are_rejected(wrong):
-    with pytest.raises(GradingError, match="the ranks agree, but on rank 1's value"):
+    with pytest.raises(GradingError, match="the ranks agree, but on another rank's value"):
         lesson13.check_end_of_epoch(wrong)
 
 
@@ -164,15 +165,20 @@ def seed_offset(offset):
 def test_the_epoch_inputs_are_the_notebooks_at_offset_0_and_keep_their_traps_at_others():
     with seed_offset(0):
         assert epoch_inputs() == (EPOCH_LOSSES, LEARNING_RATES)
+        assert epoch_inputs(3) == (WIDER_LOSSES, WIDER_RATES)
     drawn = set()
     for offset in range(1, 41):
         with seed_offset(offset):
             losses, rates = epoch_inputs()
+            wider_losses, wider_rates = epoch_inputs(3)
         drawn.add(repr((losses, rates)))
         assert all(abs(first - second) > 0.05 for first, second in losses)  # own loss != mean
         assert rates[0][1] == 0.0 < rates[0][0]  # rank 1 knows none: rank 0's is the largest
         assert rates[1][0] < rates[1][1]  # rank 1's is stale: rank 0's is the smallest
         assert abs(sum(rates[1]) - rates[1][0]) > 1e-3  # adding the rates up is seen
+        assert all(abs(loss - sum(each) / 3) > 0.05 for each in wider_losses for loss in each)
+        assert wider_rates[0][1:] == [0.0, 0.0] < wider_rates[0][:1]
+        assert all(wider_rates[1][0] < rate for rate in wider_rates[1][1:])
     assert len(drawn) == 40
 
 

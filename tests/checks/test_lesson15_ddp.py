@@ -122,8 +122,8 @@ def test_the_plan_grader_adds_a_case_drawn_at_grading_time():
     assert all(drawn[:-1] == lesson15.PLAN_CASES for drawn in cases)
     extra = {drawn[-1] for drawn in cases}
     assert len(extra) > 6  # another model and cap at another offset
-    for hidden_layers, cap in extra:
-        assert 2 <= hidden_layers <= 5 and 1024 <= cap * 2**20 < 7 * 1024
+    for hidden_layers, cap, dtype in extra:
+        assert 2 <= hidden_layers <= 5 and 1024 <= cap * 2**20 < 7 * 1024 and dtype == torch.float32
         assert cap * 2**20 % 4 == 0  # whole float32 elements
 
 

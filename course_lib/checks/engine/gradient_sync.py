@@ -45,11 +45,14 @@ class TiedNet(nn.Module):
     """The traps in one small model: a tied embedding, a frozen layer and a buffer.
 
     head.weight IS embed.weight (one Parameter, registered by two modules); `frozen` does not
-    require grad; `scale` is a buffer (not a parameter) that the forward uses.
+    require grad; `scale` is a buffer (not a parameter) that the forward uses. `used_order`: the
+    order the forward runs the hidden layers in (as registered by default); another order makes
+    their gradients ready in an order that is not the reverse of registration.
     """
 
-    def __init__(self, seed: int = 0, hidden_layers: int = 3):
+    def __init__(self, seed: int = 0, hidden_layers: int = 3, used_order=None):
         super().__init__()
+        self.used_order = list(range(hidden_layers) if used_order is None else used_order)
         torch.manual_seed(seed)
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.hidden = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(hidden_layers)])
@@ -61,8 +64,8 @@ class TiedNet(nn.Module):
 
     def forward(self, tokens):
         x = self.embed(tokens).mean(dim=1)
-        for layer in self.hidden:
-            x = torch.tanh(layer(x))
+        for index in self.used_order:
+            x = torch.tanh(self.hidden[index](x))
         return self.head(torch.tanh(self.frozen(x)) * self.scale)
 
 
@@ -88,10 +91,10 @@ def state_vector(model) -> torch.Tensor:
 
 
 def one_process(steps: int = STEPS, hidden_layers: int = 3, optimizer=None,
-                data_seed: int = DATA_SEED) -> list:
+                data_seed: int = DATA_SEED, used_order=None) -> list:
     """The oracle: TiedNet(seed=0) trained on each whole global batch (batches(steps, data_seed)),
     with SGD(lr=LR) or `optimizer(parameters)`; the weights after each step."""
-    model = TiedNet(seed=0, hidden_layers=hidden_layers)
+    model = TiedNet(seed=0, hidden_layers=hidden_layers, used_order=used_order)
     optimizer = (optimizer or (lambda parameters: torch.optim.SGD(parameters, lr=LR)))(model.parameters())
     weights = []
     for X, y in batches(steps, data_seed):
@@ -153,13 +156,13 @@ def left_behind(previous: list, sent_now: list) -> int:
 
 
 def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: int = STEPS,
-                  written_by_you=(), data_seed: int = DATA_SEED) -> dict:
+                  written_by_you=(), data_seed: int = DATA_SEED, used_order=None) -> dict:
     """Inside a rank: the learner's class on TiedNet(seed=rank), then torch's DDP on the same shards
     (batches(steps, data_seed)). A call of any of `written_by_you` (the course's own answers) while
     the class is built comes back as {"library_calls": [their names]}, and nothing is trained.
     What it returns is what the rank saw (plain data, boundary.py); the grader compares it."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model = TiedNet(seed=rank, hidden_layers=hidden_layers)
+    model = TiedNet(seed=rank, hidden_layers=hidden_layers, used_order=used_order)
     events, works = [], []
     names = [name for name, _ in trainable(model)]
     for index, (_, param) in enumerate(trainable(model)):
@@ -197,11 +200,13 @@ def train_on_rank(ddp_class, ddp_kwargs: dict, hidden_layers: int = 3, steps: in
         weights.append(parameters_to_vector(model.parameters()).detach().clone())
     return dict(after_construction=after_construction, steps=per_step, weights=weights,
                 names=names, left_behind=left,
-                torch_ddp=_torch_ddp(rank, world_size, hidden_layers, steps, data_seed))
+                torch_ddp=_torch_ddp(rank, world_size, hidden_layers, steps, data_seed, used_order))
 
 
-def _torch_ddp(rank: int, world_size: int, hidden_layers: int, steps: int, data_seed: int) -> list:
-    model = nn.parallel.DistributedDataParallel(TiedNet(seed=rank, hidden_layers=hidden_layers))
+def _torch_ddp(rank: int, world_size: int, hidden_layers: int, steps: int, data_seed: int,
+               used_order=None) -> list:
+    model = nn.parallel.DistributedDataParallel(TiedNet(seed=rank, hidden_layers=hidden_layers,
+                                                        used_order=used_order))
     return train_on_shards(model, torch.optim.SGD(model.parameters(), lr=LR),
                            batches(steps, data_seed), rank, world_size,
                            lambda: parameters_to_vector(model.module.parameters()).detach().clone())

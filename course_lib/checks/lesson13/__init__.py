@@ -2,8 +2,9 @@
 it does, never how it is written.
 
 - the end of an epoch: on every rank, end_of_epoch returns the mean of the ranks' epoch losses and
-  rank 0's learning rate, two epochs in a row; in one epoch rank 0's rate is the smallest, in the
-  other the largest, so a rule that makes the ranks agree on another value is seen.
+  rank 0's learning rate, two epochs in a row, on 2 ranks and on 3; in one epoch rank 0's rate is
+  the smallest, in the other the largest, so a rule that makes the ranks agree on another value
+  is seen.
 - the cached data: load_data returns the dataset on every rank, only rank 0 writes the file, and
   only when it is missing; no rank reads it before it is complete, while rank 0's disk writes it
   slowly, piece by piece (slow_disk.py), whether rank 1 starts at once or late, on the
@@ -42,7 +43,7 @@ from ..engine.ranks import run_on_ranks
 from ...topics import debugging
 from ...topics.debugging import NOISE_STD
 from ...training.data import make_dataset
-from .epoch_end import epoch_ends_on_rank, epoch_inputs, learning_rate_hint
+from .epoch_end import WIDER_WORLD, epoch_ends_on_rank, epoch_inputs, judge_epoch_end
 from .loader_timing import DATA_SEED as LOADER_DATA_SEED
 from .loader_timing import loader_on_rank
 from .noise_probe import DATA_SEED as NOISE_DATA_SEED
@@ -75,26 +76,13 @@ def _launch(fn, *args, what: str, hint: str = SAME_COLLECTIVES, nprocs: int = WO
 
 @grader("the end of an epoch")
 def check_end_of_epoch(end_of_epoch):
-    epoch_losses, learning_rates = epoch_inputs()
-    results = _launch(epoch_ends_on_rank, end_of_epoch, epoch_losses, learning_rates,
-                      what="end_of_epoch on 2 ranks, 2 epochs")
-    for epoch, (losses, rates) in enumerate(zip(epoch_losses, learning_rates)):
-        mean, lr = sum(losses) / WORLD_SIZE, rates[0]
-        for rank, per_epoch in enumerate(results):
-            got = per_epoch[epoch]
-            where = (f"what end_of_epoch returns on rank {rank} in epoch {epoch} (epoch losses "
-                     f"{losses}, learning rates {rates} on ranks 0 and 1)")
-            expect(got is not None and len(got) == 2, where,
-                   "(mean loss, learning rate): two numbers", repr(got),
-                   "return the pair, as the broken version does")
-            if abs(got[0] - mean) > 1e-6:
-                hint = ("that is the ranks' losses added up, not their mean"
-                        if abs(got[0] - sum(losses)) < 1e-6 else
-                        f"rank {rank} returned its own loss" if abs(got[0] - losses[rank]) < 1e-6
-                        else "the mean of every rank's epoch loss, on every rank")
-                expect(False, where + ", its mean loss", f"{mean:g}", f"{got[0]:g}", hint)
-            expect(abs(got[1] - lr) <= 1e-6, where + ", its learning rate", f"rank 0's, {lr:g}",
-                   f"{got[1]:g}", learning_rate_hint(got[1], rates))
+    for world_size in (WORLD_SIZE, WIDER_WORLD):  # on 3 ranks too: a mean written as "/ 2" shows
+        epoch_losses, learning_rates = epoch_inputs(world_size)
+        results = _launch(epoch_ends_on_rank, end_of_epoch, epoch_losses, learning_rates,
+                          what=f"end_of_epoch on {world_size} ranks, 2 epochs", nprocs=world_size)
+        for epoch, (losses, rates) in enumerate(zip(epoch_losses, learning_rates)):
+            for rank, per_epoch in enumerate(results):
+                judge_epoch_end(per_epoch[epoch], losses, rates, rank, epoch)
 
 
 # -- exercise 2: the cached data ----------------------------------------------------------------

@@ -1,13 +1,15 @@
 """Graders for lesson 16, ZeRO-1 and FSDP from collectives. All run your code on 2 and on 3 gloo
 ranks (sharding.py, unit.py).
 
-- ZeRO-1: trained under torch's DDP with your ShardedOptimizer(params, torch.optim.AdamW, ...)
-  (your own: one built on the course's ShardedOptimizer or torch's ZeroRedundancyOptimizer does
-  not count), every parameter that needs a gradient has optimizer state on exactly one rank (its
+- ZeRO-1: trained under torch's DDP with your ShardedOptimizer(params, optimizer_class, ...),
+  optimizer_class torch.optim.AdamW on 2 ranks and torch.optim.Adam on 3 (a class written in
+  shows; your own: one built on the course's ShardedOptimizer or torch's ZeroRedundancyOptimizer
+  does not count), every parameter that needs a gradient has optimizer state on exactly one rank (its
   `local_optimizer`'s state), each rank on some; after every step all ranks hold the same
-  weights, equal to one process's AdamW on the global batch (and to torch's
+  weights, equal to one process's AdamW (Adam) on the global batch (and to torch's
   ZeroRedundancyOptimizer on the same shards).
-- gather_full: on 2 and 3 ranks, shards whose values say whose they are (from a grading-time base).
+- gather_full: on 2 and 3 ranks, shards whose values say whose they are (from a grading-time base);
+  each rank's shard unchanged after the call.
 - an FSDP unit: each Linear of a stack (the first frozen; flat sizes 2 and 3 do not divide) becomes
   a unit of your class (unit.py; the verdicts in judge_unit.py), not one built on the course's
   FSDPUnit. Each rank's shard is the padded size / world_size; in every step, as unit k computes,
@@ -28,7 +30,8 @@ from ..engine.boundary import grading_seed
 from ..engine.gradient_sync import DATA_SEED, TiedNet, close
 from ..engine.ranks import run_on_ranks
 from .judge_unit import judge_shard_sizes, judge_unit_events, judge_unit_training
-from .sharding import GATHER_CASES, gather_on_rank, one_process_adamw, shard_for, zero_on_rank
+from .sharding import (GATHER_CASES, LOCAL_CLASSES, STEPS, gather_on_rank, one_process_adamw,
+                       shard_for, zero_on_rank)
 from .unit import flat_of, linears, one_process_units, unit_on_rank, unit_stack
 
 LAUNCH_TIMEOUT_S = 90
@@ -48,11 +51,12 @@ def _run(fn, answer, world_size, what, *args):
 @grader("a ZeRO-1 optimizer")
 def check_sharded_optimizer(ShardedOptimizer):
     data_seed = grading_seed(DATA_SEED)
-    oracle = one_process_adamw(data_seed)
     trainable = [name for name, p in TiedNet().named_parameters() if p.requires_grad]
     for world_size in WORLD_SIZES:
         what = f"ShardedOptimizer on {world_size} ranks"
-        results = _run(zero_on_rank, ShardedOptimizer, world_size, what, data_seed)
+        local_class = LOCAL_CLASSES[world_size]
+        oracle = one_process_adamw(data_seed, local_class=local_class)
+        results = _run(zero_on_rank, ShardedOptimizer, world_size, what, data_seed, STEPS, local_class)
         called = results[0].get("library_calls")
         if called:
             library = LIBRARY_OPTIMIZERS[called[0].split(".")[0]]
@@ -61,7 +65,7 @@ def check_sharded_optimizer(ShardedOptimizer):
                                f"to shard the optimizer yourself (the check sees which classes "
                                f"are built, whatever name they go by)")
         _judge_shares(results, trainable, what)
-        _judge_zero_weights(results, oracle, what)
+        _judge_zero_weights(results, oracle, what, local_class.__name__)
 
 
 def _judge_shares(results, trainable, what):
@@ -84,7 +88,7 @@ def _judge_shares(results, trainable, what):
            "the frozen layer needs no optimizer state")
 
 
-def _judge_zero_weights(results, oracle, what):
+def _judge_zero_weights(results, oracle, what, local_name):
     for step, expected in enumerate(oracle):
         for rank, result in enumerate(results):
             expect(close(result["torch_zero"][step], expected),
@@ -94,11 +98,12 @@ def _judge_zero_weights(results, oracle, what):
                 continue
             agree = all(close(r["weights"][step], results[0]["weights"][step]) for r in results)
             raise GradingError(f"{what}: rank {rank}'s weights after step {step}",
-                               "one process's AdamW weights on the global batch", "other weights",
+                               f"one process's {local_name} weights on the global batch", "other weights",
                                "the ranks hold different weights: after its step, each rank's "
                                "share must reach the other ranks" if not agree else
                                "the ranks agree on other weights: is every parameter stepped, by "
-                               "exactly one rank, with the optimizer's own arguments?")
+                               f"exactly one rank, with the optimizer class it is given ({local_name} "
+                               "here) and its arguments?")
 
 
 # -- exercise 2: gather a layer's parameters ---------------------------------------------------
@@ -108,8 +113,9 @@ def check_gather_full(gather_full):
     for world_size in WORLD_SIZES:
         what = f"gather_full on {world_size} ranks"
         results = _run(gather_on_rank, gather_full, world_size, what, base)
-        for rank, gathered in enumerate(results):
-            for (numel, dtype), got in zip(GATHER_CASES, gathered):
+        for rank, result in enumerate(results):
+            for (numel, dtype), got, after in zip(GATHER_CASES, result["gathered"],
+                                                  result["shards_after"]):
                 expected = torch.cat([shard_for(r, numel, dtype, base) for r in range(world_size)])
                 call = f"{what}: rank {rank}, shards of {numel} {dtype} elements"
                 if not torch.is_tensor(got):
@@ -118,6 +124,11 @@ def check_gather_full(gather_full):
                 expect(got.shape == expected.shape and got.dtype == expected.dtype
                        and torch.equal(got, expected), call, describe(expected), describe(got),
                        _gather_hint(got, expected, world_size, numel))
+                shard = shard_for(rank, numel, dtype, base)
+                expect(torch.is_tensor(after) and torch.equal(after, shard), f"{call}: the shard it "
+                       "was given, after the call", describe(shard),
+                       "its memory freed" if isinstance(after, str) else describe(after), "the shard is this rank's own parameters, which it keeps "
+                       "(and steps) after the gather: read it, never change or free it")
 
 
 def _gather_hint(got, expected, world_size, numel):

@@ -104,12 +104,14 @@ def judge_unit_training(results, losses, oracle, initial, world_size, what):
             full = full[:flat.numel()]
             if full.numel() == flat.numel() and close(full, flat):
                 continue
-            summed = full.numel() == flat.numel() and close(
-                full - initial[unit], world_size * (flat - initial[unit])) and step == 0
+            scale = next((s for s in (world_size, world_size / 2) if full.numel() == flat.numel() and
+                          step == 0 and close(full - initial[unit], s * (flat - initial[unit]))), None)
             raise GradingError(f"{what}: unit {unit}'s weights after step {step}",
                                "one process's SGD weights on the global batch (and torch's "
                                "fully_shard's)", "other weights (the ranks' shards put together)",
                                f"the update is {world_size} times too large: divide the "
-                               "reduce-scattered gradient by world_size, as DDP does" if summed else
+                               "reduce-scattered gradient by world_size, as DDP does" if scale == world_size
+                               else f"the update is {scale:g} times too large: the sum divided by 2, "
+                               "not by the world size" if scale else
                                "each shard's gradient is the mean over the ranks of that slice of "
                                "the unit's full gradient")

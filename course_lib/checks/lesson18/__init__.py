@@ -96,13 +96,15 @@ def check_one_f_one_b(one_f_one_b):
 
 
 def _drawn_records(seed: int) -> list:
-    """One step of 1F1B on 3 stages whose speeds differ (drawn), as a Stage would record it."""
+    """One step of 1F1B on 3 stages whose speeds differ (drawn), as a Stage would record it; every
+    rank's step starts a moment (drawn) before stage 0 computes: the step is not its first compute."""
     draw = random.Random(seed)
     speeds = [draw.uniform(0.5, 2.0) for _ in range(3)]
+    lead = draw.uniform(0.05, 0.5)
     played = play([course_one_f_one_b(s, 3, 5) for s in range(3)], FORWARD, BACKWARD)
     records = []
     for s, slots in enumerate(played.slots):
-        clock = 100.0  # the step starts; each action starts when the one before ended
+        clock = 100.0 - lead  # the step starts; each action starts when the one before ended
         for kind, i, start, end in slots:
             start, end = 100 + start * speeds[s], 100 + end * speeds[s]
             records.append(Record(s, kind, i, clock, start, end))

@@ -232,6 +232,14 @@ def returns_the_sum(epoch_loss, lr):
     return total.item(), shared_lr.item()
 
 
+def divides_the_sum_by_two(epoch_loss, lr):
+    """Right on the broken run's 2 ranks: the sum divided by 2, not by the world size."""
+    total, shared_lr = torch.tensor([epoch_loss]), torch.tensor([lr])
+    dist.all_reduce(total)
+    dist.broadcast(shared_lr, src=0)
+    return total.item() / 2, shared_lr.item()
+
+
 def broadcasts_the_loss_too(epoch_loss, lr):
     values = torch.tensor([epoch_loss, lr])
     dist.broadcast(values, src=0)
@@ -518,6 +526,7 @@ WRONG_ANSWERS = {
                      keeps_its_own_learning_rate),
         wrong_answer("returns the sum of the losses", returns_the_sum),
         wrong_answer("broadcasts the loss too", broadcasts_the_loss_too),
+        wrong_answer("the losses summed, divided by 2: the broken run's world size", divides_the_sum_by_two),
         wrong_answer("the course's fixed end_of_epoch, under another name", course_end_of_epoch),
     ],
     lesson13.check_load_data: [

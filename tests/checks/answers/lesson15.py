@@ -222,10 +222,10 @@ ALTERNATIVES = {
 
 # -- the bucket plan ---------------------------------------------------------------------------
 def _plan(parameters, bucket_cap_mb, order=reversed, cap_bytes=2**20, close_after=False,
-          cut_at_the_cap=False):
+          cut_at_the_cap=False, element_bytes=None):
     cap, buckets, size = bucket_cap_mb * cap_bytes, [], 0
     for param in order([p for p in parameters if p.requires_grad]):
-        nbytes = param.numel() * param.element_size()
+        nbytes = param.numel() * (element_bytes or param.element_size())
         past = size + nbytes >= cap if cut_at_the_cap else size + nbytes > cap
         if not buckets or (not close_after and past) or (close_after and size >= cap):
             buckets.append([])
@@ -262,6 +262,16 @@ def plan_in_megabytes(parameters, bucket_cap_mb):
 def plan_cut_at_the_cap(parameters, bucket_cap_mb):
     """A new bucket when the next gradient would fill the current one exactly: `>=`, not `>`."""
     return _plan(parameters, bucket_cap_mb, cut_at_the_cap=True)
+
+
+def plan_four_bytes_an_element(parameters, bucket_cap_mb):
+    """numel() * 4, as if every gradient were float32 (the notebook's own print does it)."""
+    return _plan(parameters, bucket_cap_mb, element_bytes=4)
+
+
+def plan_cap_in_bytes(parameters, bucket_cap_mb):
+    """bucket_cap_mb read as a number of bytes: every gradient a bucket of its own."""
+    return _plan(parameters, bucket_cap_mb, cap_bytes=1)
 
 
 def plan_by_the_course(parameters, bucket_cap_mb):
@@ -366,6 +376,31 @@ class KeepsItsFutures(_Overlapping):
 
     def finish_gradient_sync(self):
         torch.futures.wait_all(self.handles)
+
+
+class TensorHooksBeforeAccumulation(_Overlapping):
+    """Tensor hooks (register_hook) in place of post-accumulate ones: the hook all-reduces the
+    gradient on its way into .grad; AccumulateGrad copies a tensor that something else still holds
+    (here the Work) rather than taking it (torch/csrc/autograd/functions/accumulate_grad.cpp,
+    num_expected_refs), so .grad keeps the values from before the all-reduce."""
+
+    def _to_hook(self):
+        for param in super()._to_hook():
+            param.register_hook(self._on_its_way)
+        return []
+
+    def _on_its_way(self, grad):
+        self.queue_finish()
+        grad = grad / dist.get_world_size()
+        self.handles.append(dist.all_reduce(grad, async_op=True))
+        return grad
+
+
+class BroadcastsTrainableOnly(_Overlapping):
+    """The frozen layer left out of the broadcast: "it never changes" (it differs from rank 0's)."""
+
+    def _to_broadcast(self):
+        return [p for p in self.module.parameters() if p.requires_grad] + list(self.module.buffers())
 
 
 def course_ddp_per_parameter(module):
@@ -474,6 +509,16 @@ class KeepsItsBuckets(_Bucketed):
         self.waiting = [len(bucket) for bucket in self.buckets]
 
 
+class LaunchesOnItsLastListedGradient(_Bucketed):
+    """A bucket launched when its last parameter in the plan is ready, not when all of them are:
+    right while gradients come in the reverse of registration order."""
+
+    def _ready(self, param):
+        b = self.bucket_of[param]
+        if param is self.buckets[b][-1]:
+            self._launch(b)
+
+
 def course_ddp_with_buckets(module, bucket_cap_mb):
     from course_lib.topics.from_scratch import DDPFromScratch
     return DDPFromScratch(module, bucket_cap_mb=bucket_cap_mb)
@@ -495,6 +540,9 @@ WRONG_ANSWERS = {
         wrong_answer("a subclass of the course's DDPFromScratch", SubclassesTheCourseDDP),
         wrong_answer("torch's DDP with a finish_gradient_sync that does nothing",
                      TorchDDPWithANoOpFinish),
+        wrong_answer("tensor hooks: the all-reduce races the copy into .grad",
+                     TensorHooksBeforeAccumulation),
+        wrong_answer("the frozen layer left out of the broadcast", BroadcastsTrainableOnly),
     ],
     lesson15.check_plan_buckets: [
         wrong_answer("buckets in forward order", plan_forward_order),
@@ -504,6 +552,8 @@ WRONG_ANSWERS = {
         wrong_answer("a new bucket when the next gradient would fill the cap exactly",
                      plan_cut_at_the_cap),
         wrong_answer("the course's assign_buckets", plan_by_the_course),
+        wrong_answer("numel() * 4 bytes, whatever the dtype", plan_four_bytes_an_element),
+        wrong_answer("the cap read as bytes", plan_cap_in_bytes),
     ],
     lesson15.check_bucketed_ddp: [
         wrong_answer("all-reduces every bucket after backward", BucketsAfterBackward),
@@ -513,6 +563,8 @@ WRONG_ANSWERS = {
         wrong_answer("never resets each bucket's count for the next step", NeverResetsTheCounts),
         wrong_answer("keeps every step's handles and flat tensors", KeepsItsBuckets),
         wrong_answer("the course's DDPFromScratch with buckets", course_ddp_with_buckets),
+        wrong_answer("launches a bucket on its last listed gradient, not when all are in",
+                     LaunchesOnItsLastListedGradient),
         wrong_answer("torch's DDP with a finish_gradient_sync that does nothing",
                      TorchDDPWithANoOpFinish),
     ],

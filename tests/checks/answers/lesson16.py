@@ -284,6 +284,20 @@ class NeverSendsTheUpdate(_Sharded):
         pass
 
 
+class AlwaysAdamW(_Sharded):
+    """The notebook's AdamW written in: the optimizer_class it is given is never used."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        super().__init__(params, torch.optim.AdamW, **defaults)
+
+
+class DropsTheArguments(_Sharded):
+    """The local optimizer built with its own defaults: lr and weight_decay never reach it."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        super().__init__(params, optimizer_class)
+
+
 def course_sharded_optimizer(params, optimizer_class, **defaults):
     from course_lib.topics.from_scratch import ShardedOptimizer
     return ShardedOptimizer(params, optimizer_class, **defaults)
@@ -325,6 +339,30 @@ def always_float32(shard):
     full = torch.empty(shard.numel() * dist.get_world_size())
     GATHER(full, shard.float())
     return full
+
+
+def zeroes_its_shard(shard):
+    """The right full tensor; then the shard, "no longer needed", is zeroed: the caller's parameters."""
+    full = shard.new_empty(shard.numel() * dist.get_world_size())
+    GATHER(full, shard)
+    shard.zero_()
+    return full
+
+
+def frees_its_shard(shard):
+    """The right full tensor; then the shard's memory is freed, as FSDP frees the full parameters."""
+    full = shard.new_empty(shard.numel() * dist.get_world_size())
+    GATHER(full, shard)
+    shard.untyped_storage().resize_(0)
+    return full
+
+
+def gathers_to_rank0_only(shard):
+    """dist.gather: rank 0 gets the full tensor, the others zeros."""
+    world_size = dist.get_world_size()
+    pieces = [torch.empty_like(shard) for _ in range(world_size)] if dist.get_rank() == 0 else None
+    dist.gather(shard, pieces, dst=0)
+    return torch.cat(pieces) if pieces else shard.new_zeros(shard.numel() * world_size)
 
 
 # -- the FSDP unit, wrong ---------------------------------------------------------------------------
@@ -428,6 +466,37 @@ class ShardsWithoutPadding(FSDPUnit):
                                         requires_grad=self.requires_grad)
 
 
+class NeverFreesAfterBackward(FSDPUnit):
+    """Reduce-scatters its gradient, but keeps the full parameters pre_backward gathered."""
+
+    def post_backward(self):
+        mean = torch.zeros_like(self.shard)
+        SCATTER(mean, self.flat_gradient().div(dist.get_world_size()))
+        self.shard.grad = mean
+
+
+class DividesByTwo(FSDPUnit):
+    """The notebook's 2 ranks written in: the reduce-scattered sum divided by 2."""
+
+    def post_backward(self):
+        mean = torch.zeros_like(self.shard)
+        SCATTER(mean, self.flat_gradient().div(2))
+        self.shard.grad = mean
+        self.reshard()
+
+
+class ShardsForTwoRanks(FSDPUnit):
+    """Padded and split for 2 ranks, whatever the world size."""
+
+    def __init__(self, module, next_unit=None):
+        FlatParameters.__init__(self, module)
+        self.next_unit = next_unit
+        size = -(-self.flat.numel() // 2)
+        padded = F.pad(self.flat.detach(), (0, 2 * size - self.flat.numel()))
+        self.shard = torch.nn.Parameter(padded[dist.get_rank() * size:][:size].clone(),
+                                        requires_grad=self.requires_grad)
+
+
 WRONG_ANSWERS = {
     lesson16.check_sharded_optimizer: [
         wrong_answer("every rank steps every parameter: no sharding", EveryRankStepsEverything),
@@ -436,12 +505,17 @@ WRONG_ANSWERS = {
         wrong_answer("never sends the updated share to the others", NeverSendsTheUpdate),
         wrong_answer("the course's ShardedOptimizer", course_sharded_optimizer),
         wrong_answer("torch's ZeroRedundancyOptimizer under another name", TorchsZeroUnderAnotherName),
+        wrong_answer("AdamW written in, whatever optimizer_class is given", AlwaysAdamW),
+        wrong_answer("the optimizer's arguments never passed on", DropsTheArguments),
     ],
     lesson16.check_gather_full: [
         wrong_answer("its own shard, repeated: no communication", repeat_own_shard),
         wrong_answer("sums the shards (all-reduce)", sum_the_shards),
         wrong_answer("the shards in reverse rank order", reversed_order),
         wrong_answer("a float32 tensor whatever the shard's dtype", always_float32),
+        wrong_answer("zeroes the caller's shard after gathering", zeroes_its_shard),
+        wrong_answer("frees the caller's shard after gathering", frees_its_shard),
+        wrong_answer("dist.gather: the full tensor on rank 0 only", gathers_to_rank0_only),
     ],
     lesson16.check_fsdp_unit: [
         wrong_answer("never frees the full parameters after forward", NeverFreesAfterForward),
@@ -457,5 +531,8 @@ WRONG_ANSWERS = {
         wrong_answer("shards without padding (floor division)", ShardsWithoutPadding),
         wrong_answer("the course's FSDPUnit under another name", TheCoursesUnitUnderAnotherName),
         wrong_answer("the shard a view of the whole padded tensor", KeepsAViewOfTheWhole),
+        wrong_answer("keeps the full parameters after backward", NeverFreesAfterBackward),
+        wrong_answer("the gradient divided by 2, not the world size", DividesByTwo),
+        wrong_answer("shards sized for 2 ranks", ShardsForTwoRanks),
     ],
 }

@@ -117,6 +117,32 @@ def _all_reduced(grad):
     return grad
 
 
+class CopyAllReducingInPlace(torch.autograd.Function):
+    """Megatron-LM's _CopyToModelParallelRegion (megatron/core/tensor_parallel/mappings.py): the
+    gradient autograd hands to backward is all-reduced in place and returned. Right here: only the
+    column matmul reads this Function's output, and its backward makes that gradient afresh, so no
+    other gradient shares the tensor. (It would be wrong where the output also fed an op whose
+    backward passes the gradient on as it is, such as `other_branch + copy`.)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        dist.all_reduce(grad)
+        return grad
+
+
+class ColumnLikeMegatron(nn.Module):
+    def __init__(self, linear):
+        super().__init__()
+        self.weight, self.bias = _slice(linear.weight, 0), _slice(linear.bias, 0)
+
+    def forward(self, x):
+        return F.linear(CopyAllReducingInPlace.apply(x), self.weight, self.bias)
+
+
 class RowWithInPlaceAllReduce(nn.Module):
     """An in-place all-reduce of the matmul's result: autograd does not see it, and passes dL/dy
     through unchanged, which is what the row layer's backward must do."""
@@ -188,6 +214,57 @@ ColumnDealtRowByRow = partial(Column, rows_of=_dealt_rows)
 
 class CoursesColumn(course_tp.ColumnParallelLinear):
     pass
+
+
+class ColumnInHalves(nn.Module):
+    """The notebook's 2 ranks written in: chunk(2), whatever the world size."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.weight = nn.Parameter(linear.weight.detach().chunk(2, 0)[dist.get_rank()].clone())
+        self.bias = nn.Parameter(linear.bias.detach().chunk(2, 0)[dist.get_rank()].clone())
+
+    def forward(self, x):
+        return F.linear(Copy.apply(x), self.weight, self.bias)
+
+
+class RowOfHalfTheColumns(Row):
+    """linear.in_features // 2 columns a rank: the notebook's 2 ranks written in."""
+
+    def __init__(self, linear):
+        nn.Module.__init__(self)
+        columns = linear.in_features // 2
+        self.weight = nn.Parameter(linear.weight.detach()[:, dist.get_rank() * columns:][:, :columns].clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone())
+
+
+class RowWithTorchsDifferentiableAllReduce(Row):
+    """torch.distributed.nn.functional.all_reduce in place of ReduceFromParallel: differentiable,
+    but its backward all-reduces the gradient again (_AllReduce.backward), where the row layer's
+    must pass it through."""
+
+    def forward(self, x):
+        from torch.distributed.nn.functional import all_reduce
+        return all_reduce(F.linear(x, self.weight)) + self.bias
+
+
+def _mesh():
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+class ColumnByTorchsColwiseParallel(nn.Module):
+    """torch's own tensor parallelism inside: parallelize_module on a copy of the layer."""
+
+    def __init__(self, linear):
+        super().__init__()
+        import copy
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        self.inner = parallelize_module(copy.deepcopy(linear), _mesh(), ColwiseParallel())
+        self.weight, self.bias = self.inner.weight, self.inner.bias
+
+    def forward(self, x):
+        return self.inner(x)
 
 
 # -- sequence parallel ---------------------------------------------------------------------------
@@ -322,6 +399,26 @@ class CoursesSP(course_sp.SequenceParallelMLP):
     pass
 
 
+class GatherForTwo(torch.autograd.Function):
+    """The sequence joined and split for 2 ranks: shape[0] * 2 and // 2 written in."""
+
+    @staticmethod
+    def forward(ctx, x):
+        full = x.new_empty((x.shape[0] * 2, *x.shape[1:]))
+        GATHER(full, x.contiguous())
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_empty((grad.shape[0] // 2, *grad.shape[1:]))
+        SCATTER(out, grad.contiguous())
+        return out
+
+
+class SPGatheringForTwo(SPWithOneFlatSync):
+    gather = GatherForTwo
+
+
 class SPOnTheCoursesClass(course_sp.SequenceParallelMLP):
     """The course's class with its forward and sync rewritten: the rest (its __init__, its
     shards) is the course's, not the learner's."""
@@ -345,6 +442,8 @@ ALTERNATIVES = {
         answer("a functional layer, one Function for its matmul and backward", Column, Row),
         answer("a gradient hook for the column, an in-place all-reduce for the row",
                ColumnWithAHook, RowWithInPlaceAllReduce),
+        answer("Megatron-LM's in-place all-reduces, of autograd's gradient too", ColumnLikeMegatron,
+               RowWithInPlaceAllReduce),
     ],
     lesson17.check_sequence_parallel: [
         answer("list collectives, one all-reduce per replicated parameter", SPWithListCollectives),
@@ -366,6 +465,11 @@ WRONG_ANSWERS = {
         wrong_answer("the course's ColumnParallelLinear", CoursesColumn, Row),
         wrong_answer("a subclass of the course's ColumnParallelLinear, every method rewritten",
                      ColumnOnTheCoursesClass, Row),
+        wrong_answer("the column layer cut in halves: chunk(2)", ColumnInHalves, Row),
+        wrong_answer("the row layer's columns: in_features // 2", Column, RowOfHalfTheColumns),
+        wrong_answer("torch.distributed.nn.functional.all_reduce in the row layer", Column,
+                     RowWithTorchsDifferentiableAllReduce),
+        wrong_answer("torch's ColwiseParallel inside the column layer", ColumnByTorchsColwiseParallel, Row),
     ],
     lesson17.check_sequence_parallel: [
         wrong_answer("an all-reduce before fc1 and the gather's reduce-scatter: twice", SPAllReducingTwice),
@@ -376,5 +480,6 @@ WRONG_ANSWERS = {
         wrong_answer("the course's SequenceParallelMLP", CoursesSP),
         wrong_answer("a subclass of the course's SequenceParallelMLP, forward and sync rewritten",
                      SPOnTheCoursesClass),
+        wrong_answer("the sequence joined and split for 2 ranks", SPGatheringForTwo),
     ],
 }

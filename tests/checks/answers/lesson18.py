@@ -81,6 +81,18 @@ def two_stages_only(stage, stages, microbatches):
     return order + [("B", i) for i in range(microbatches - warmup, microbatches)]
 
 
+def microbatches_from_one(stage, stages, microbatches):
+    """Micro-batches numbered 1..m, as a learner counts them."""
+    return [(kind, i + 1) for kind, i in one_f_one_b_by_counters(stage, stages, microbatches)]
+
+
+def one_f_one_b_on_the_last_stage_only(stage, stages, microbatches):
+    """1F1B where the loss is (the last stage), GPipe on the others: they hold every micro-batch."""
+    if stage == stages - 1:
+        return one_f_one_b_by_counters(stage, stages, microbatches)
+    return gpipe(stage, stages, microbatches)
+
+
 def the_courses_own(stage, stages, microbatches):
     return pipeline_schedules.one_f_one_b(stage, stages, microbatches)
 
@@ -125,6 +137,21 @@ def idle_share_counting_waits_as_work(records):
     for r in records:
         busy[r.rank] = busy.get(r.rank, 0.0) + r.ended - r.started
     return {rank: 1 - seconds / step for rank, seconds in busy.items()}
+
+
+def idle_share_from_the_first_compute(records):
+    """The step measured from the first computation, not the first start: a rank's wait before
+    stage 0 computes is left out."""
+    start, end = min(r.computing for r in records), max(r.ended for r in records)
+    return {rank: (end - start - sum(r.ended - r.computing for r in records if r.rank == rank)) / (end - start)
+            for rank in {r.rank for r in records}}
+
+
+def idle_share_for_two_ranks(records):
+    """Ranks 0 and 1 written in: the notebook's 2 stages."""
+    start, end = min(r.started for r in records), max(r.ended for r in records)
+    return {rank: (end - start - sum(r.ended - r.computing for r in records if r.rank == rank)) / (end - start)
+            for rank in (0, 1)}
 
 
 def idle_share_course(records):
@@ -189,6 +216,8 @@ WRONG_ANSWERS = {
         wrong_answer("no min(): more warm-up forwards than micro-batches", warmup_without_the_min),
         wrong_answer("written for 2 stages only", two_stages_only),
         wrong_answer("the course's one_f_one_b", the_courses_own),
+        wrong_answer("micro-batches numbered from 1", microbatches_from_one),
+        wrong_answer("1F1B on the last stage only, GPipe before it", one_f_one_b_on_the_last_stage_only),
     ],
     lesson18.check_idle_share: [
         wrong_answer("each rank's own window", idle_share_by_rank_window, RECORDS),
@@ -197,6 +226,9 @@ WRONG_ANSWERS = {
         wrong_answer("the busy share", busy_share, RECORDS),
         wrong_answer("waits in recv counted as computing", idle_share_counting_waits_as_work, RECORDS),
         wrong_answer("the course's own idle_shares", idle_share_course, RECORDS),
+        wrong_answer("the step from the first computation, not the first start",
+                     idle_share_from_the_first_compute, RECORDS),
+        wrong_answer("ranks 0 and 1 written in", idle_share_for_two_ranks, RECORDS),
         wrong_answer("numbers typed in place of records", idle_share_with_intervals, [[0, "F", 0, 0.0, 0.0, 1.0]]),
     ],
 }
