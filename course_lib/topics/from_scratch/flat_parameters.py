@@ -46,10 +46,11 @@ class FlatParameters:
         module.register_forward_hook(self._after_forward)
 
     # -- what a subclass uses ---------------------------------------------------------------------------
-    def allocate_full(self) -> torch.Tensor:
-        """self.full (world_size shards long), with its memory back; its values are whatever was there."""
+    def allocate_full(self, dtype=None) -> torch.Tensor:
+        """self.full (world_size shards long), with its memory back; its values are whatever was there.
+        dtype: the full parameters' (and so the compute's) dtype, when not the shard's (lesson 19)."""
         if self.full is None:
-            self.full = torch.empty(self.shard.numel() * dist.get_world_size(), dtype=self.shard.dtype,
+            self.full = torch.empty(self.shard.numel() * dist.get_world_size(), dtype=dtype or self.shard.dtype,
                                     device=self.shard.device)
         storage, size = self.full.untyped_storage(), self.full.numel() * self.full.element_size()
         if storage.nbytes() != size:  # as FSDP2's alloc_storage: resizing moves the memory
