@@ -27,7 +27,8 @@ Limits, so that you read the numbers right:
   all_gather inside all_gather_object count as "all_gather".
 - It counts this thread's calls (and the backward passes it runs), in this process: each rank
   has its own Traffic. Return it from the function you launch to compare ranks. Blocks cannot
-  be nested. Torch's functional collectives (DTensor, FSDP2, torch.compile) are not counted.
+  be nested. Torch's functional collectives (DTensor's, torch.compile's) are not counted; FSDP2's
+  are (torch 2.13's fully_shard calls dist.all_gather_single and dist.reduce_scatter_single).
 
 DataParallel moves tensors between the GPUs of one process, not between ranks, through
 torch.nn.parallel.comm. `watch_data_parallel_comm()` records those calls, and runs torch's own

@@ -5,7 +5,8 @@ by its input features (row-parallel), joined by two autograd Functions that are 
       -> RowParallelLinear (ReduceFromParallel inside) -> y, whole on every rank
 
 Forward: one all-reduce (the row layer's partial sums). Backward: one all-reduce (the gradient of
-x, to which every rank's columns contributed a part). Same code on gloo and on NCCL.
+x, to which every rank's columns contributed a part). Same code on gloo and on NCCL. `group`: the
+ranks that share the layer (the TP group of a 2-D mesh, lesson 20); None, every rank (lesson 17).
 """
 import copy
 
@@ -20,14 +21,15 @@ class CopyToParallel(torch.autograd.Function):
     its columns' part of dL/dx; the all-reduce sums the parts."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group=None):
+        ctx.group = group
         return x
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.clone()  # autograd's tensor: sum into our own
-        dist.all_reduce(grad)
-        return grad
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 class ReduceFromParallel(torch.autograd.Function):
@@ -35,43 +37,45 @@ class ReduceFromParallel(torch.autograd.Function):
     each rank's part of y needs all of it: pass it through."""
 
     @staticmethod
-    def forward(ctx, partial):
+    def forward(ctx, partial, group=None):
         total = partial.clone()
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=group)
         return total
 
     @staticmethod
     def backward(ctx, grad):
-        return grad
+        return grad, None
 
 
-def shard(tensor, dim: int):
-    """This rank's contiguous 1/world_size of `tensor` along `dim`, as a new leaf Parameter."""
-    piece = tensor.detach().chunk(dist.get_world_size(), dim)[dist.get_rank()]
+def shard(tensor, dim: int, group=None):
+    """This rank's contiguous 1/size of `tensor` along `dim` (its place in `group`), a new leaf Parameter."""
+    piece = tensor.detach().chunk(dist.get_world_size(group), dim)[dist.get_rank(group)]
     return nn.Parameter(piece.clone())
 
 
 class ColumnParallelLinear(nn.Module):
     """linear's rows of weight (its output features) and of bias, 1/world_size each."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, group=None):
         super().__init__()
-        self.weight, self.bias = shard(linear.weight, 0), shard(linear.bias, 0)
+        self.group = group
+        self.weight, self.bias = shard(linear.weight, 0, group), shard(linear.bias, 0, group)
 
     def forward(self, x):
-        return F.linear(CopyToParallel.apply(x), self.weight, self.bias)
+        return F.linear(CopyToParallel.apply(x, self.group), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """linear's columns of weight (its input features); the bias whole, added once, after the sum."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, group=None):
         super().__init__()
-        self.weight = shard(linear.weight, 1)
+        self.group = group
+        self.weight = shard(linear.weight, 1, group)
         self.bias = nn.Parameter(linear.bias.detach().clone())
 
     def forward(self, x_part):
-        return ReduceFromParallel.apply(F.linear(x_part, self.weight)) + self.bias
+        return ReduceFromParallel.apply(F.linear(x_part, self.weight), self.group) + self.bias
 
 
 def split_mlp(mlp, column=ColumnParallelLinear, row=RowParallelLinear):
