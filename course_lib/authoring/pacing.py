@@ -28,7 +28,7 @@ OPTIONAL = "(optional)"       # in a `## ` heading: a section outside the lesson
 MEASURED_RUN_SECONDS = {"00": 32, "01": 18, "02": 36, "03": 44, "04": 88, "05": 41, "06": 43,
                         "07": 27, "08": 53, "09": 36, "10": 60, "11": 29, "12": 78, "13": 97,
                         "14": 230, "15": 49, "16": 36, "17": 34,
-                        "18": 25}
+                        "18": 25, "19": 15, "20": 20, "21": 20}
 
 # What each exercise asks of the learner (its grader's name): fill in a given recipe, build a
 # mechanism, measure this machine, or diagnose a broken run they were not told the cause of.
@@ -64,6 +64,9 @@ EXERCISE_KINDS = {
     "check_sharded_optimizer": "BUILD", "check_gather_full": "BUILD", "check_fsdp_unit": "BUILD",
     "check_tensor_parallel": "BUILD", "check_sequence_parallel": "BUILD",
     "check_one_f_one_b": "BUILD", "check_idle_share": "MEASURE",
+    "check_checkpoint": "BUILD", "check_mixed_precision_unit": "BUILD",
+    "check_mesh_groups": "BUILD", "check_parallelize": "BUILD",
+    "check_bytes_per_gpu": "BUILD", "check_fitting_plans": "BUILD",
 }
 STATED = re.compile(r"(?i)(about\**\s+)(\d+)( minutes\**(?::|\s*\()\s*)(\d+)"
                     r"( (?:to read and run|reading and running)[^,]*,\s*)(\d+)( for)")

@@ -29,7 +29,7 @@ NOTEBOOK_TIMEOUT_S = 600
 # (reduce_scatter, all_to_all on gloo), autocast's op lists, DTensor and distributed checkpoints,
 # the flight recorder and torchfrtrace, FSDP2 and ZeroRedundancyOptimizer, DTensor's parallel styles,
 # the pipelining schedules. CI runs these on the newest torch as well as the pinned one (.ci/run).
-TORCH_API_LESSONS = {"03", "06", "07", "13", "16", "17", "18"}
+TORCH_API_LESSONS = {"03", "06", "07", "13", "16", "17", "18", "19", "20"}
 
 # Lessons whose cells measure speed (what a step, an overlap, a speedup costs): under nbval they run
 # with no other notebook beside them (notebook_runs.py runs the others two at a time).

@@ -13,6 +13,9 @@
     pipeline     Stage: a rank's part of the model, joined to its neighbours by isend/recv   (lesson 18)
     pipeline_schedules  GPipe and 1F1B orders, played out on paper (a hang or a mix-up named)
     pipeline_drawing    each rank's forwards and backwards, on paper or measured
+    checkpointing  Checkpoint: keep a block's input, recompute the rest in backward, dropout alike   (lesson 19)
+    mixed_precision_unit  MixedPrecisionUnit: the FSDP unit in bf16, fp32 master weights and reduce-scatter
+    two_d        FSDP x TP on a 2-D mesh: the groups by hand, lesson 17's layers inside fully_shard   (lesson 20)
 """
 from .ddp import DDPFromScratch
 from .events import Event
