@@ -1,5 +1,5 @@
 """Grading a class at --jobs 1 and --jobs 2 side by side, each lesson's grading time, and a model of
-the time for 200 learners x 17 lessons on a 10-node partition.
+the time for 200 learners x every lesson on a 10-node partition.
 
 The class is 40 submissions of a real lesson (default 01, the quickest): half hand in the solution,
 half the lesson's stubs. Each is graded sealed where a sandbox starts here (else without, and it
@@ -153,7 +153,7 @@ def project(results: dict, args) -> dict:
             "the job array's tasks start at once on free slots: SLURM's queueing and the time "
             "before the partition is free are not counted, nor about 1 s of task start-up; a "
             "lesson is one `check --slurm` (200 tasks at --chunk 1, under SLURM's default "
-            "MaxArraySize of 1001), the 17 submitted together",
+            f"MaxArraySize of 1001), the {len(seconds)} submitted together",
             "per-lesson seconds: 'measured' ones graded here sealed, once each; 'assumed' ones are "
             "the solution's run time plus the mean grading overhead measured" + _load_said(results)],
         "nodes": args.nodes, "cores_per_node": args.cores_per_node, "class_size": args.class_size,
@@ -178,9 +178,10 @@ def project(results: dict, args) -> dict:
 def _load_said(results: dict) -> str:
     """How busy the machine was while the lessons were timed: above its cores, they are slower."""
     runs = results.get("per_lesson", {}).get("runs", [])
-    loads = [run["load_average_at_start"] for run in runs] + [
-        entry["load_average"] for entry in results.get("per_lesson", {}).get("lessons", {}).values()
-        if "load_average" in entry]
+    lessons = results.get("per_lesson", {}).get("lessons", {})
+    started = {number: run["load_average_at_start"] for run in runs for number in run["lessons"]}  # the last run's
+    loads = [entry.get("load_average", started.get(number)) for number, entry in lessons.items()]
+    loads = [load for load in loads if load is not None]
     if not loads or max(loads) <= runs[0]["cores"]:
         return ""
     return (f"; the {runs[0]['cores']}-core machine was shared with other work (load average "
