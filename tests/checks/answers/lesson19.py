@@ -135,6 +135,18 @@ class CoursesCheckpoint:
     apply = course_checkpointing.Checkpoint.apply
 
 
+class TorchsCheckpointFunctionInside(torch.autograd.Function):
+    """A Function of one's own whose forward and backward are torch's reentrant CheckpointFunction's."""
+
+    @staticmethod
+    def forward(ctx, function, *inputs):
+        return torch.utils.checkpoint.CheckpointFunction.forward(ctx, function, True, *inputs)
+
+    @staticmethod
+    def backward(ctx, *gradients):
+        return (None, *torch.utils.checkpoint.CheckpointFunction.backward(ctx, *gradients)[2:])
+
+
 # -- exercise 2: mixed-precision FSDP -----------------------------------------------------------------
 def _cast_inputs(module, args):
     return tuple(a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
@@ -257,6 +269,7 @@ WRONG_ANSWERS = {
         wrong_answer("the inputs detached: no gradient reaches them", InputsDetached),
         wrong_answer("torch.utils.checkpoint in place of your own", TorchsCheckpoint),
         wrong_answer("the course's Checkpoint in place of your own", CoursesCheckpoint),
+        wrong_answer("torch's CheckpointFunction inside a Function of your own", TorchsCheckpointFunctionInside),
     ],
     lesson19.check_mixed_precision_unit: [
         wrong_answer("master weights kept in bf16", MasterInBf16),
