@@ -26,7 +26,7 @@ SHAPES = ((2, 3), (3, 2))
 LOSS_RTOL = 1e-5  # one process against the mesh differ by float32 reordering: 1e-7 measured
 SAME_GROUPS = ("every rank must call dist.new_group for every group, members or not, in the same order; "
                "and the same collectives in the same order")
-LIBRARY = "this exercise asks you to build it: write it with dist.new_group, without init_device_mesh"
+LIBRARY = "this exercise asks you to build it: write it with dist.new_group, without init_device_mesh or DeviceMesh"
 
 
 def _judge_groups(seen, rank, shape, data_seed):

@@ -48,7 +48,7 @@ def groups_on_rank(mesh_groups, local_batch, shapes, data_seed: int) -> dict:
 
     seen = {}
     for dp_size, tp_size in shapes:
-        with calls_of(*COURSE_GROUPS, device_mesh.init_device_mesh) as library_calls:
+        with calls_of(*COURSE_GROUPS, device_mesh.init_device_mesh, device_mesh.DeviceMesh.__init__) as library_calls:
             groups = mesh_groups(dp_size, tp_size)
         if library_calls:
             return {"library_calls": library_calls}

@@ -66,6 +66,15 @@ def groups_from_init_device_mesh(dp_size, tp_size):
     return mesh["tp"].get_group(), mesh["dp"].get_group()
 
 
+def groups_from_device_mesh(dp_size, tp_size):
+    """DeviceMesh's constructor, on the row-major grid: the library, under another name."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    grid = torch.arange(dp_size * tp_size).view(dp_size, tp_size)
+    mesh = DeviceMesh("cpu", grid, mesh_dim_names=("dp", "tp"))
+    return mesh["tp"].get_group(), mesh["dp"].get_group()
+
+
 def rows_of(batch, dp_group):
     return batch.chunk(dist.get_world_size(dp_group))[dist.get_rank(dp_group)]
 
@@ -243,6 +252,7 @@ WRONG_ANSWERS = {
         wrong_answer("the TP and DP groups swapped", groups_swapped, rows_of),
         wrong_answer("groups written for a TP size of 2", groups_for_two_wide, rows_of),
         wrong_answer("init_device_mesh in place of the groups", groups_from_init_device_mesh, rows_of),
+        wrong_answer("a DeviceMesh built by its constructor", groups_from_device_mesh, rows_of),
         wrong_answer("the course's own", two_d.mesh_groups, two_d.local_batch),
         wrong_answer("rows per rank: TP ranks see different rows", groups_by_arithmetic, rows_per_rank),
         wrong_answer("the whole batch: DP ranks see the same rows", groups_by_arithmetic, rows_whole),
