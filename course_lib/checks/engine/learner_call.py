@@ -19,8 +19,9 @@ def library_call_hint(name: str, exercise: str) -> str:
 def call_learner(function, *args, what: str, hint: str = "", written_by_you=None):
     """The learner's function's result; a crash becomes a GradingError that quotes it, with the
     learner's own frames of its traceback (never the grader's), and a call of the course's
-    `written_by_you` (the exercise's own answer) a GradingError too."""
-    watched = [written_by_you] if written_by_you else []
+    `written_by_you` (the exercise's own answer, or a tuple of its pieces) a GradingError too."""
+    watched = (list(written_by_you) if isinstance(written_by_you, (tuple, list)) else
+               [written_by_you] if written_by_you else [])
 
     def run():
         try:
@@ -36,7 +37,8 @@ def call_learner(function, *args, what: str, hint: str = "", written_by_you=None
 
     result, called = crossing(f"call_learner: {what}", run)
     if called:
-        name = f"{written_by_you.__module__}.{called[0]}"
+        name = next(f"{watch.__module__}.{watch.__qualname__}" for watch in watched
+                    if watch.__qualname__ == called[0])
         expect(False, what, f"your own {called[0]}", f"a call of {name}",
                library_call_hint(name, "this exercise"))
     return result

@@ -14,7 +14,8 @@ import random
 
 from ...topics.memory import GB
 from ...topics.plan_measured import measure_on_rank, small_shape
-from ...topics.planning import ParallelRecipe, plan_memory
+from ...topics.planning import (ParallelRecipe, activation_bytes_per_gpu, layer_activation_bytes,
+                                parameters_per_gpu, plan_memory)
 from ...topics.step_time import candidate_recipes
 from ..engine import GradingError, expect, grader
 from ..engine.boundary import grading_seed
@@ -24,6 +25,8 @@ from .cases import BIG, drawn_shape
 from .plans import check_fitting_plans  # noqa: F401  (exercise 2)
 
 SEED = 21
+# the course's answer and its pieces: the learner writes these parts (exercise 2 may call them)
+COURSE_ANSWER = (plan_memory, parameters_per_gpu, activation_bytes_per_gpu, layer_activation_bytes)
 PARTS = ("parameters", "gradients", "optimizer_state", "activations")
 ACTIVATION_BAND = 0.05  # the estimate's activations within 5% of the measured ones (1% off for a right answer)
 BIG_CASES = [  # (recipe, micro_batch, microbatches, precision): each mistake shows in one of them
@@ -101,7 +104,7 @@ def check_bytes_per_gpu(bytes_per_gpu):
     cases = memory_cases(seed) + [small_case]
     answers = call_learner(_estimates, bytes_per_gpu, cases,
                            what="bytes_per_gpu(shape, recipe, micro_batch, microbatches, precision)",
-                           hint="it returns {part: bytes} for one GPU", written_by_you=plan_memory)
+                           hint="it returns {part: bytes} for one GPU", written_by_you=COURSE_ANSWER)
     for case, answer in zip(cases, answers):
         _judge(answer, plan_memory(*case), _call(*case))
     measured = run_on_ranks(measure_on_rank, small, 4, False, nprocs=2, learner=False,

@@ -8,7 +8,7 @@ import math
 from course_lib.checks import lesson21
 from course_lib.topics.cost_model import ring_all_reduce_time
 from course_lib.topics.memory import bytes_per_parameter
-from course_lib.topics.planning import ParallelRecipe, plan_memory
+from course_lib.topics.planning import ParallelRecipe, activation_bytes_per_gpu, parameters_per_gpu, plan_memory
 from course_lib.topics.step_time import search
 
 from . import answer, wrong_answer
@@ -64,6 +64,18 @@ def bytes_per_gpu_by_parts(shape, recipe, micro_batch, microbatches, precision="
 
 def bytes_per_gpu_course(shape, recipe, micro_batch, microbatches, precision="bf16-mixed"):
     return plan_memory(shape, recipe, micro_batch, microbatches, precision).parts()
+
+
+def bytes_per_gpu_from_the_courses_pieces(shape, recipe, micro_batch, microbatches, precision="bf16-mixed"):
+    """Right numbers, with the two counts the exercise is about taken from the course's planner."""
+    n = parameters_per_gpu(shape, recipe)
+    weight, state = (4, 8) if precision == "fp32" else (2, 12)
+    shard = math.ceil(n / recipe.dp)
+    return {"parameters": weight * (shard if recipe.zero >= 3 else n),
+            "gradients": weight * (shard if recipe.zero >= 2 else n),
+            "optimizer_state": 0 if recipe.offload else state * (shard if recipe.zero >= 1 else n),
+            "activations": activation_bytes_per_gpu(shape, recipe, micro_batch, microbatches,
+                                                    4 if precision == "fp32" else 2)}
 
 
 # -- fitting plans: the solution's search and step time, each mistake a switch ----------------------
@@ -140,6 +152,7 @@ WRONG_ANSWERS = {
         wrong_answer("offload still counts the state on the GPU", bytes_per_gpu_with(offload_ignored=True)),
         wrong_answer("ZeRO-1 shards the parameters too", bytes_per_gpu_with(zero1_shards_parameters=True)),
         wrong_answer("the course's plan_memory", bytes_per_gpu_course),
+        wrong_answer("the course's parameters_per_gpu and activation_bytes_per_gpu", bytes_per_gpu_from_the_courses_pieces),
     ],
     lesson21.check_fitting_plans: [
         wrong_answer("the pipeline bubble ignored", fitting_plans_with(no_bubble=True)),
