@@ -34,16 +34,18 @@ HINTS = {
              "in forward and set it again before re-running the function in backward",
     "x_grad": "the input's gradient comes from the recompute: re-run the function on a detached copy of "
               "the input that requires grad, backprop through it, and return that copy's .grad",
-    "saved": "run the function under torch.no_grad() in forward and keep only its inputs "
-             "(ctx.save_for_backward): the activations inside are what checkpointing gives up",
+    "saved": "a Function's forward already runs without grad: do not switch it back on "
+             "(torch.enable_grad), and keep only its inputs (ctx.save_for_backward): the activations "
+             "inside are what checkpointing gives up",
     "after": "setting the forward's random state for the recompute moves the global generator back; "
-             "put the surrounding state back afterwards (torch.random.fork_rng does both)",
+             "put the surrounding state back afterwards (set it inside torch.random.fork_rng, which "
+             "notes the surrounding state and restores it when it ends)",
 }
 
 
-def _close(got, want, tolerance=1e-5):
+def _close(got, want):
     return isinstance(got, torch.Tensor) and got.shape == want.shape and \
-        torch.allclose(got, want, rtol=1e-4, atol=tolerance)
+        torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def _judge_your_own(results, what, exercise):
@@ -98,9 +100,9 @@ MIXED_HINTS = {
 
 
 def _unit_crash_hint(cause):
-    if "grad_dtype" in cause.summary or "dtype" in cause.summary and "grad" in cause.summary:
+    if "dtype" in cause.summary and "grad" in cause.summary:  # e.g. grad_dtype
         return MIXED_HINTS["grad"]
-    if "same dtype" in cause.summary or "dtype" in cause.summary:
+    if "dtype" in cause.summary:
         return MIXED_HINTS["output"]
     return "the error is raised in your class: fix it, run its cell again, then the check"
 

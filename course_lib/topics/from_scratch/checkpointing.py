@@ -4,8 +4,9 @@ again in backward, with the random state it had, so that dropout draws the same 
     x = Checkpoint.apply(block, x)      # in place of x = block(x)
 
 - forward: note the random state (torch.get_rng_state(); and torch.cuda.get_rng_state(device) of
-  each GPU the inputs are on), keep the inputs (save_for_backward), run the block under no_grad:
-  autograd records nothing inside it, so nothing inside is saved.
+  each GPU the inputs are on), keep the inputs (save_for_backward), run the block: a Function's
+  forward runs without grad (Function.apply), so autograd records nothing inside it and nothing
+  inside is saved; the explicit no_grad says so, as torch's CheckpointFunction does.
 - backward: inside torch.random.fork_rng (which puts the surrounding random states back when it
   ends), set the noted states, run the block again with grad enabled on detached copies of the
   inputs, backprop the output's gradient through it (the parameters' .grad fill in), and return
