@@ -6,7 +6,7 @@ made here.
   each of your groups really joins (an all-gather over it) equal those of init_device_mesh's
   mesh["tp"] and mesh["dp"]; your local_batch(batch, dp_group) gives each rank its DP group's
   contiguous rows of a batch drawn at grading time (TP ranks of one DP group the same rows).
-  Neither may call init_device_mesh or the course's two_d code.
+  Neither may call init_device_mesh, DeviceMesh or the course's two_d code.
 - parallelize: your parallelize(model, mesh) on a 2x2 mesh ("dp", "tp") and the course's model
   (two LayerNorm-MLP blocks): every parameter sharded by fully_shard over this rank's DP group and
   no more elements held than torch's parallelize_module + fully_shard hold; every all-reduce of a
@@ -119,6 +119,12 @@ def _judge_collectives(result, rank):
             raise GradingError(where, f"each over the TP group {result['tp']}", f"one over {ranks}", hint)
 
 
+def _close(losses, expected):
+    """Each loss against one process's, in float32's rounding; a missing or extra loss is not close."""
+    close = [abs(a - b) <= LOSS_RTOL * abs(b) for a, b in zip(losses, expected)]
+    return close if len(losses) == len(expected) else close + [False]
+
+
 def _shown(losses):
     return "[" + ", ".join(f"{loss:.6f}" for loss in losses) + "]"
 
@@ -137,13 +143,13 @@ def check_parallelize(parallelize):
            first.get("not_a_module", ""), "return the model, parallelized")
     expected = two_d.train(two_d.make_model(MODEL_SEED), *inputs(data_seed), STEPS, LR)
     for rank, result in enumerate(results):
-        expect(all(abs(a - b) <= LOSS_RTOL * abs(b) for a, b in zip(result["torch_losses"], expected)),
+        expect(all(_close(result["torch_losses"], expected)),
                f"torch's parallelize_module + fully_shard on rank {rank}", _shown(expected),
                _shown(result["torch_losses"]), "please report this machine and torch version")
         _judge_parameters(result, rank)
         _judge_collectives(result, rank)
-        close = [abs(a - b) <= LOSS_RTOL * abs(b) for a, b in zip(result["losses"], expected)]
-        expect(len(close) == len(expected) and all(close), f"rank {rank}: the losses of {STEPS} AdamW steps",
+        close = _close(result["losses"], expected)
+        expect(all(close), f"rank {rank}: the losses of {STEPS} AdamW steps",
                f"one process's: {_shown(expected)}", _shown(result["losses"]),
                LOSS_HINTS["backward" if close[:1] == [True] else "forward"])
 

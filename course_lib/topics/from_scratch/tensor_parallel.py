@@ -54,7 +54,7 @@ def shard(tensor, dim: int, group=None):
 
 
 class ColumnParallelLinear(nn.Module):
-    """linear's rows of weight (its output features) and of bias, 1/world_size each."""
+    """linear's rows of weight (its output features) and of bias, 1/size of `group` each."""
 
     def __init__(self, linear: nn.Linear, group=None):
         super().__init__()
