@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .from_scratch.tensor_parallel import split_attention, split_mlp
 from .from_scratch.transformer_parts import MLP, Attention
-from .memory import SavedActivations, measure_model_state
+from .memory import measure_training_step
 from .planning import TransformerShape
 
 
@@ -58,13 +58,10 @@ def small_shape(layers: int = 2, hidden: int = 64, heads: int = 4, seq_len: int 
 def measure_on_rank(shape: TransformerShape, micro_batch: int, checkpointing: bool = False) -> dict:
     """Inside a rank: the stack split over every rank, one Adam step in fp32; this rank's bytes of
     parameters, gradients, optimizer state and saved activations, as a plain dict."""
-    model = Stack(shape, checkpointing).split() if dist.is_initialized() else Stack(shape, checkpointing)
+    model = Stack(shape, checkpointing)
+    if dist.is_initialized():
+        model.split()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(shape.seq_len, micro_batch, shape.hidden, generator=torch.Generator().manual_seed(1))
-    with SavedActivations(model) as saved:
-        loss = model(x).pow(2).mean()
-    activations = saved.bytes
-    loss.backward()
-    optimizer.step()
-    measured = measure_model_state(model, optimizer, activations)
+    measured = measure_training_step(model, optimizer, x, None, loss_fn=lambda output, _: output.pow(2).mean())
     return {part.replace(" ", "_"): value for part, value in measured.parts().items()}

@@ -1,6 +1,9 @@
 """Planning a model that does not fit one GPU: a transformer's shape and its parameter count, a
 parallel recipe (data, tensor and pipeline parallel sizes, ZeRO stage, activation checkpointing,
-optimizer offload), and the bytes one GPU holds under it. A model: see `leaves_out` (lesson 21).
+optimizer offload), and the bytes one GPU holds under it (lesson 21). A model: it leaves out the
+CUDA context and the caching allocator's rounding and fragmentation; temporary buffers (a matmul's
+workspace, the logits and their softmax, an all-gather's output); the collectives' buffers (NCCL's,
+DDP's buckets); the other stages, which hold fewer micro-batches.
 
 Per layer (GPT-style, LayerNorm before attention and MLP, MLP 4h wide): 12 h^2 + 13 h parameters.
 Tensor parallelism (lesson 17, Megatron-LM's split) divides the column-parallel weights and biases
@@ -8,10 +11,10 @@ and the row-parallel weights by t; the two LayerNorms and the row-parallel biase
 on every rank. Stage 0 of a pipeline holds its L / p layers and the embeddings (the word embedding
 split over t by vocabulary rows); with one stage it holds the final LayerNorm too.
 """
-import math
+import dataclasses
 from dataclasses import dataclass
 
-from .memory import MemoryBreakdown, bytes_per_parameter
+from .memory import MemoryBreakdown, estimate_memory
 
 # Megatron-LM's per-layer activations with tensor parallelism and no sequence parallelism
 # (Korthikanti et al., 2022, arXiv:2205.05198, eq. 2 without the 5as/h scores: a fused attention
@@ -19,12 +22,6 @@ from .memory import MemoryBreakdown, bytes_per_parameter
 # inputs of qkv and fc1 (whole on every TP rank), two dropout masks; 24/t: q, k, v, the attention
 # output, fc1's output and gelu's output (this rank's heads and columns only).
 WHOLE_ON_EVERY_TP_RANK, SPLIT_OVER_TP = 10, 24
-
-leaves_out = ("the CUDA context and the caching allocator's rounding and fragmentation; "
-              "temporary buffers (a matmul's workspace, the logits and their softmax, "
-              "an all-gather's output); the collectives' buffers (NCCL's, DDP's buckets); "
-              "the other stages, which hold fewer micro-batches")
-
 
 @dataclass(frozen=True)
 class TransformerShape:
@@ -98,18 +95,11 @@ def activation_bytes_per_gpu(shape: TransformerShape, recipe: ParallelRecipe, mi
 def plan_memory(shape: TransformerShape, recipe: ParallelRecipe, micro_batch: int = 1,
                 microbatches: int = 1, precision: str = "bf16-mixed",
                 optimizer: str = "adam") -> MemoryBreakdown:
-    """What one GPU (stage 0, the heaviest) holds: model state by memory.bytes_per_parameter's
+    """What one GPU (stage 0, the heaviest) holds: model state by lesson 11's memory.estimate_memory
     layout (ZeRO's: bf16-mixed Adam is 2 + 2 + 12 bytes), ZeRO sharding over the dp ranks,
     offload moving the optimizer state off the GPU, and the activations (16-bit unless fp32)."""
-    n = parameters_per_gpu(shape, recipe)
-    per_parameter = bytes_per_parameter(optimizer, precision, "ddp")
-    shard = math.ceil(n / recipe.dp)
-    held = {
-        "parameters": per_parameter["parameters"] * (shard if recipe.zero >= 3 else n),
-        "gradients": per_parameter["gradients"] * (shard if recipe.zero >= 2 else n),
-        "optimizer_state": 0 if recipe.offload else
-        per_parameter["optimizer_state"] * (shard if recipe.zero >= 1 else n),
-    }
     value_bytes = 4 if precision == "fp32" else 2
     activations = activation_bytes_per_gpu(shape, recipe, micro_batch, microbatches, value_bytes)
-    return MemoryBreakdown(activations=activations, **held)
+    held = estimate_memory(parameters_per_gpu(shape, recipe), optimizer, precision,
+                           f"zero{recipe.zero}" if recipe.zero else "ddp", recipe.dp, activations)
+    return dataclasses.replace(held, optimizer_state=0) if recipe.offload else held

@@ -14,6 +14,7 @@ LM's order): a group of consecutive ranks that fits in a node talks over the nod
 the network. Nothing overlaps in the model (DDP hides much of its all-reduce behind backward, lesson
 15); the pipeline's sends, the optimizer step and the kernels' launch are left out.
 """
+import itertools
 from dataclasses import dataclass
 
 from .cost_model import ring_all_reduce_time
@@ -89,10 +90,9 @@ def candidate_recipes(shape: TransformerShape, world_size: int) -> list:
             if world_size % (tp * pp) or shape.heads % tp or shape.layers % pp:
                 continue
             dp = world_size // (tp * pp)
-            for zero in (range(4) if dp > 1 else (0,)):
-                for checkpointing in (False, True):
-                    for offload in (False, True):
-                        recipes.append(ParallelRecipe(dp, tp, pp, zero, checkpointing, offload))
+            for zero, checkpointing, offload in itertools.product(range(4) if dp > 1 else (0,),
+                                                                  (False, True), (False, True)):
+                recipes.append(ParallelRecipe(dp, tp, pp, zero, checkpointing, offload))
     return recipes
 
 
