@@ -111,7 +111,7 @@ def check_scaling_efficiency(pairs, efficiency_report, cores=None):
          pairs.world_size, pairs.scaling)]
     results = call_learner(_reports, efficiency_report, cases,
                            what="efficiency_report(one_rank, ranks, world_size, kind)",
-                           written_by_you=pairs_efficiency)
+                           written_by_you=(pairs_efficiency,))
     for (name, one_rank, ranks, world_size, kind), result in zip(cases, results):
         efficiency, (low, high), verdict = pairs_efficiency(one_rank, ranks, world_size, kind)
         what = f"efficiency_report(...) on {len(one_rank)} pairs ({name})"
@@ -204,7 +204,7 @@ def check_communication_share(diagnose):
     cases = share_cases(grading_seed(9))
     results = call_learner(_diagnoses, diagnose, cases,
                            what="diagnose(with_sync, without_sync)",
-                           written_by_you=communication_share)
+                           written_by_you=(communication_share,))
     for (name, with_sync, without_sync), result in zip(cases, results):
         share, (low, high), verdict = communication_share(with_sync, without_sync)
         what = f"diagnose(...) on {PAIRS} pairs of steps ({name})"

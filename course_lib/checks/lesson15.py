@@ -258,7 +258,7 @@ def check_plan_buckets(plan_buckets):
         call = f"plan_buckets({model_call}.parameters(), {cap})"
         kind, got_names = call_learner(
             lambda parameters, cap, names=names: _named_plan(plan_buckets, parameters, cap, names),
-            model.parameters(), cap, what=call, written_by_you=assign_buckets,
+            model.parameters(), cap, what=call, written_by_you=(assign_buckets,),
             hint="the error was raised in your function (its traceback is below)")
         if kind != "buckets":
             raise GradingError(call, "a list of buckets, each a list of parameters", got_names)

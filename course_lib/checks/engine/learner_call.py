@@ -16,16 +16,14 @@ def library_call_hint(name: str, exercise: str) -> str:
             f"part yourself (the check sees which functions run, whatever name they go by)")
 
 
-def call_learner(function, *args, what: str, hint: str = "", written_by_you=None):
+def call_learner(function, *args, what: str, hint: str = "", written_by_you=()):
     """The learner's function's result; a crash becomes a GradingError that quotes it, with the
     learner's own frames of its traceback (never the grader's), and a call of the course's
-    `written_by_you` (the exercise's own answer, or a tuple of its pieces) a GradingError too."""
-    watched = (list(written_by_you) if isinstance(written_by_you, (tuple, list)) else
-               [written_by_you] if written_by_you else [])
+    `written_by_you` (a tuple: the exercise's own answer, or its pieces) a GradingError too."""
 
     def run():
         try:
-            with calls_of(*watched) as called:
+            with calls_of(*written_by_you) as called:
                 result = function(*args)
         except NotImplementedError:
             raise  # the @grader decorator turns the stub into advice
@@ -37,7 +35,7 @@ def call_learner(function, *args, what: str, hint: str = "", written_by_you=None
 
     result, called = crossing(f"call_learner: {what}", run)
     if called:
-        name = next(f"{watch.__module__}.{watch.__qualname__}" for watch in watched
+        name = next(f"{watch.__module__}.{watch.__qualname__}" for watch in written_by_you
                     if watch.__qualname__ == called[0])
         expect(False, what, f"your own {called[0]}", f"a call of {name}",
                library_call_hint(name, "this exercise"))

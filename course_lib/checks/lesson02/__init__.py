@@ -103,7 +103,7 @@ def check_scatter_batch(scatter_batch):
     for call, inputs, devices in cases:
         expected = scatter(inputs, devices)  # before the learner's function sees the inputs
         result = _call(lambda: as_plain(scatter_batch(inputs, devices)), what=call,
-                       hint=SCATTER_HINT, written_by_you=dp.scatter)
+                       hint=SCATTER_HINT, written_by_you=(dp.scatter,))
         expect(isinstance(result, (list, tuple)), call, "a list with one entry per replica",
                describe(result), SCATTER_HINT)
         _expect_same(list(result), expected, call, SCATTER_HINT)
@@ -139,5 +139,5 @@ def check_gather_outputs(gather_outputs):
     for call, outputs, output_device in cases:
         expected = gather(outputs, output_device)  # before the learner's function sees them
         result = _call(lambda: as_plain(gather_outputs(outputs, output_device)), what=call,
-                       hint=GATHER_HINT, written_by_you=dp.gather)
+                       hint=GATHER_HINT, written_by_you=(dp.gather,))
         _expect_same(result, expected, call, GATHER_HINT)

@@ -50,7 +50,7 @@ def check_data_parallel_gradients(data_parallel_gradients):
         expected, logits_gradient = _one_device(X, y, model_seed)
         gradients, forwards = _call(lambda: _observe_a_run(data_parallel_gradients, model_seed,
                                                            X, y, device_count), what=call,
-                                    written_by_you=DataParallel.forward)
+                                    written_by_you=(DataParallel.forward,))
         _expect_a_gradient_per_parameter(gradients, expected, call)
         _expect_the_four_steps([_as_forward(seen) for seen in forwards], X, logits_gradient,
                                device_count, call)

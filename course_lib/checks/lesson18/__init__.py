@@ -77,7 +77,7 @@ def check_one_f_one_b(one_f_one_b):
     pipelines = _pipelines()
     orders = call_learner(_orders_of, one_f_one_b, pipelines, what="one_f_one_b(stage, stages, microbatches)",
                           hint="it returns one rank's order: a list of ('F', i) and ('B', i)",
-                          written_by_you=course_one_f_one_b)
+                          written_by_you=(course_one_f_one_b,))
     for p, m in pipelines:
         _judge_on_paper(orders[f"{p},{m}"], p, m)
     seed = grading_seed(DATA_SEED)
@@ -121,7 +121,7 @@ def check_idle_share(idle_share, records):
     for name, step in (("your measured step", records), ("a step drawn at grading time", _drawn_records(
             grading_seed(DATA_SEED)))):
         got = call_learner(idle_share, step, what=what, hint="it returns {rank: idle share}",
-                           written_by_you=idle_shares)
+                           written_by_you=(idle_shares,))
         expected = idle_shares(step)
         try:
             ok = sorted(got) == sorted(expected) and all(abs(float(got[k]) - v) <= 1e-6 for k, v in expected.items())
