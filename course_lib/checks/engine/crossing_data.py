@@ -13,7 +13,7 @@ import sys
 from .boundary import PLAIN_SCALARS, plain
 
 # course types a grader may be handed (the measured records of topics/): rebuilt from their fields
-CROSSING_TYPES = {"course_lib.topics.input_pipeline.DataWait", "course_lib.topics.scaling.ScalingRuns",
+CROSSING_TYPES = {"course_lib.topics.input_pipeline.DataWait",
                   "course_lib.topics.scaling.StepTiming", "course_lib.topics.timing.Timing",
                   "course_lib.topics.scaling.SpeedupPairs",
                   "course_lib.topics.cost_model.AllReduceSweep",

@@ -6,7 +6,7 @@ Two ways to tell a measurement of this machine from typed-in, copied or converte
   within a factor of its own (`expect_within_band`, re-measuring several times before it rejects,
   so that a burst of load on a busy machine does not fail a right answer); a unit slip (1000
   times off) is named as one (`unit_slip`);
-- a record: the course's measuring helpers (cost_model.measure_all_reduce, scaling.measure_scaling)
+- a record: the course's measuring helpers (cost_model.measure_all_reduce, scaling.measure_speedup_pairs)
   return their numbers with the raw timings they came from, their clocks and a seal
   (topics.timing.seal); `expect_recorded` wants such a record, made in this session, unchanged,
   its clocks in agreement with each other and with the time its timings add up to.
