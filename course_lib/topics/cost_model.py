@@ -166,10 +166,7 @@ def measure_all_reduce(sizes_bytes, repeats=20, warmup=5, dtype=torch.float32, d
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
-    if device is None:
-        device = torch.device("cpu")
-        if dist.get_backend() == "nccl":  # NCCL only reduces tensors on GPUs
-            device = torch.device("cuda", torch.cuda.current_device())
+    device = _device_of_backend(device)
     element_size = torch.empty((), dtype=dtype).element_size()
     results, raw, started = AllReduceSweep(), [], clock_now()
     for nbytes in sizes_bytes:
@@ -285,6 +282,7 @@ def all_reduce_health(sizes_bytes, expected_bus_bandwidth, repeats=5, warmup=2):
 
 
 def _device_of_backend(device):
+    """`device`, or where this rank's collectives can run: its current GPU under NCCL, else the CPU."""
     if device is not None:
         return torch.device(device)
     if dist.get_backend() == "nccl":  # NCCL only moves tensors on GPUs
