@@ -25,10 +25,7 @@ class ReducedInBf16(MixedPrecisionUnit):
 def gaps(results):
     """(largest loss gap, largest master-weight gap) against fully_shard, over the ranks."""
     loss = max(abs(a - b) for r in results for a, b in zip(r["mine"]["losses"], r["torch"]["losses"]))
-    units = [torch.cat(shards) for shards in zip(*(r["mine"]["shards"] for r in results))]
-    full = results[0]["torch"]["full"]
-    pairs = [torch.cat(full[i:i + 2]) for i in range(0, len(full), 2)]
-    return loss, max((u[:p.numel()] - p).abs().max().item() for u, p in zip(units, pairs))
+    return loss, lesson19.master_weight_gap(results)
 
 
 def test_the_unit_is_fully_shards_mixed_precision_and_a_bf16_reduction_is_not():

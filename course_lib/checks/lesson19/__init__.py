@@ -99,6 +99,14 @@ MIXED_HINTS = {
 }
 
 
+def master_weight_gap(results) -> float:
+    """The largest difference between the ranks' shards put together and fully_shard's weights."""
+    units = [torch.cat(shards) for shards in zip(*(r["mine"]["shards"] for r in results))]
+    torch_full = results[0]["torch"]["full"]  # weight, bias of each Linear: a unit each
+    pairs = [torch.cat(torch_full[i:i + 2]) for i in range(0, len(torch_full), 2)]
+    return max((unit[:pair.numel()] - pair).abs().max().item() for unit, pair in zip(units, pairs))
+
+
 def _unit_crash_hint(cause):
     if "dtype" in cause.summary and "grad" in cause.summary:  # e.g. grad_dtype
         return MIXED_HINTS["grad"]
@@ -129,9 +137,6 @@ def check_mixed_precision_unit(MixedPrecisionUnit):
         gap = max(abs(a - b) for a, b in zip(mine["losses"], result["torch"]["losses"]))
         expect(gap <= LOSS_TOLERANCE, f"{where}: the losses of 12 steps", f"fully_shard's, within "
                f"{LOSS_TOLERANCE:g}", f"up to {gap:.3g} away", MIXED_HINTS["drift"])
-    units = [torch.cat(shards) for shards in zip(*(r["mine"]["shards"] for r in results))]
-    torch_full = results[0]["torch"]["full"]  # weight, bias of each Linear: a unit each
-    pairs = [torch.cat(torch_full[i:i + 2]) for i in range(0, len(torch_full), 2)]
-    gap = max((unit[:pair.numel()] - pair).abs().max().item() for unit, pair in zip(units, pairs))
+    gap = master_weight_gap(results)
     expect(gap <= WEIGHT_TOLERANCE, f"{what}: the master weights after 12 steps", "fully_shard's, within "
            f"{WEIGHT_TOLERANCE:g}", f"up to {gap:.3g} away", MIXED_HINTS["drift"])
