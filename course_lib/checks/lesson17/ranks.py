@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ...topics.from_scratch import sequence_parallel as course_sp, tensor_parallel as course_tp
-from ...topics.from_scratch.transformer_parts import Attention, make_part
+from ...topics.from_scratch.transformer_parts import make_part
 from ...topics.traffic import count_traffic
 from ..engine.call_watch import calls_of
 
@@ -40,10 +40,7 @@ def part(kind: str, world_size: int):
     on 3, hidden 12 (fc1's 48 features) and 3 heads of 4 (make_part's 4 heads do not split in 3)."""
     if world_size == 2:
         return make_part(kind)
-    if kind != "attention":
-        return make_part(kind, hidden=hidden(world_size))
-    torch.manual_seed(0)
-    return Attention(hidden(world_size), heads=world_size)
+    return make_part(kind, hidden=hidden(world_size), **({"heads": world_size} if kind == "attention" else {}))
 
 
 def inputs(data_seed: int, world_size: int = 2) -> tuple:

@@ -50,7 +50,8 @@ class Block(nn.Module):
         return x + self.dropout(self.mlp(self.norm(x)))
 
 
-def make_part(kind: str, seed: int = 0, hidden: int = 16) -> nn.Module:
-    """The same weights in every process that asks with the same seed."""
+def make_part(kind: str, seed: int = 0, hidden: int = 16, **options) -> nn.Module:
+    """The same weights in every process that asks with the same seed; `options` go to the part
+    (e.g. heads= for the attention)."""
     torch.manual_seed(seed)
-    return {"mlp": MLP, "attention": Attention, "block": Block}[kind](hidden)
+    return {"mlp": MLP, "attention": Attention, "block": Block}[kind](hidden, **options)
