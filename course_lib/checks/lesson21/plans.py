@@ -16,8 +16,8 @@ from ...topics.memory import GB
 from ...topics.planning import ParallelRecipe, plan_memory
 from ...topics.step_time import Cluster, STATED_CLUSTER, candidate_recipes, search, step_seconds
 from ..engine import GradingError, expect, grader
-from ..engine.boundary import crossing, grading_seed
-from ..engine.call_watch import calls_of
+from ..engine.boundary import grading_seed
+from ..engine.learner_call import call_learner
 from .cases import BIG, drawn_shape
 
 SEED, GLOBAL_BATCH = 21, 16  # the lesson's batch: 16 sequences of 8,192 tokens
@@ -41,17 +41,16 @@ def plan_cases(seed: int) -> list:
 
 def _plans(fitting_plans, cases) -> list:
     """On the learner's side: each case's plans as [dp, tp, pp, zero, checkpointing, offload, seconds]
-    (None when the answer is not a dict of recipes), what it showed, and the library calls."""
+    (None when the answer is not a dict of recipes), and what it showed."""
     answers = []
     for case in cases:
-        with calls_of(search, step_seconds, candidate_recipes) as called:
-            got = fitting_plans(*case)
+        got = fitting_plans(*case)
         try:
             plans = [[*(int(field) for field in astuple(ParallelRecipe(*_fields(recipe)))), float(seconds)]
                      for recipe, seconds in got.items()]
         except (AttributeError, TypeError, ValueError):
             plans = None
-        answers.append({"plans": plans, "shown": repr(got)[:200], "called": list(called)})
+        answers.append({"plans": plans, "shown": repr(got)[:200]})
     return answers
 
 
@@ -89,14 +88,12 @@ def _time_hint(recipe, got, shape, cluster, global_batch) -> str:
 @grader("fitting plans")
 def check_fitting_plans(fitting_plans):
     cases = plan_cases(grading_seed(SEED))
-    answers = crossing("call_learner: fitting_plans(shape, cluster, global_batch)",
-                       lambda: _plans(fitting_plans, cases))
+    answers = call_learner(_plans, fitting_plans, cases, what="fitting_plans(shape, cluster, global_batch)",
+                           hint="the error was raised in your function (its traceback is below)",
+                           written_by_you=(search, step_seconds, candidate_recipes))
     for (shape, cluster, global_batch), answer in zip(cases, answers):
         what = (f"fitting_plans on {'the 8.36 B model' if shape == BIG else shape}, "
                 f"{cluster.nodes} nodes of {cluster.gpus_per_node} GPUs, {global_batch} sequences")
-        expect(not answer["called"], f"what {what} called", "your own search and step times",
-               f"the library's {answer['called'][0]}" if answer["called"] else "",
-               "search, step_seconds and candidate_recipes are this exercise's answer: write them yourself")
         if answer["plans"] is None:
             raise GradingError(what, "a dict {recipe: seconds}", answer["shown"],
                                "key each time by its ParallelRecipe(dp, tp, pp, zero, checkpointing, offload)")

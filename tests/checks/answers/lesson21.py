@@ -62,6 +62,11 @@ def bytes_per_gpu_by_parts(shape, recipe, micro_batch, microbatches, precision="
             "activations": activations}
 
 
+def fitting_plans_for_the_lessons_model_only(shape, cluster, global_batch):
+    """Plans looked up for the 8.36 B model alone: a KeyError on any other (a verdict, not grader frames)."""
+    return {lesson21.BIG: {}}[shape]
+
+
 def bytes_per_gpu_course(shape, recipe, micro_batch, microbatches, precision="bf16-mixed"):
     return plan_memory(shape, recipe, micro_batch, microbatches, precision).parts()
 
@@ -163,5 +168,6 @@ WRONG_ANSWERS = {
         wrong_answer("checkpointing's recompute left out of the FLOPs",
                      fitting_plans_with(one_forward_with_checkpointing=True)),
         wrong_answer("the course's search", fitting_plans_course),
+        wrong_answer("crashes on a model other than the lesson's", fitting_plans_for_the_lessons_model_only),
     ],
 }
